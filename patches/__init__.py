@@ -1,0 +1,32 @@
+"""Version-checked runtime patches to DeepSpeed, and nothing else.
+
+`patches.apply()` is idempotent. It refuses, with a message naming both versions, to patch a
+DeepSpeed it was not written against: the patched methods are private and change between releases.
+"""
+import deepspeed
+
+SUPPORTED_DEEPSPEED = ("0.19.",)
+
+_applied = False
+
+
+class UnsupportedDeepSpeedVersion(RuntimeError):
+    pass
+
+
+def check_version(version=None):
+    version = version or deepspeed.__version__
+    if not version.startswith(SUPPORTED_DEEPSPEED):
+        raise UnsupportedDeepSpeedVersion(
+            f"patches were written for DeepSpeed {', '.join(v + 'x' for v in SUPPORTED_DEEPSPEED)}; "
+            f"found {version}. The pipeline FLOPs profiler's config integration is not applied.")
+
+
+def apply():
+    global _applied
+    if _applied:
+        return
+    check_version()
+    from patches import pipeline_flops_profiler
+    pipeline_flops_profiler.install()
+    _applied = True

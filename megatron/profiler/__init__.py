@@ -1,0 +1,12 @@
+"""The pipeline-aware FLOPs profiler (see docs/profiling.md)."""
+
+
+def __getattr__(name):
+    # Imported lazily: `import megatron.profiler.module_profiler` must not pull in DeepSpeed's engine.
+    if name == "PipelineFlopsProfiler":
+        from megatron.profiler.pipeline_profiler import PipelineFlopsProfiler
+        return PipelineFlopsProfiler
+    raise AttributeError(name)
+
+
+__all__ = ["PipelineFlopsProfiler"]

@@ -1,0 +1,52 @@
+"""Start-up: arguments, the distributed backend, the tensor/pipeline/data groups and the seeds."""
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+
+import patches
+from megatron import mpu
+from megatron.arguments import parse_args
+from megatron.global_vars import set_args
+
+
+def initialize_megatron(extra_args_provider=None, args_defaults=None, argv=None):
+    """Parse and check the flags (exit 2 on bad ones, before any collective), then start distributed."""
+    args = parse_args(argv, extra_args_provider=extra_args_provider, defaults=args_defaults)
+    set_args(args)
+    patches.apply()
+    _initialize_distributed(args)
+    _set_random_seed(args.seed)
+    return args
+
+
+def _initialize_distributed(args):
+    accelerator = get_accelerator()
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    args.local_rank = local_rank
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(local_rank)
+    backend = args.distributed_backend or accelerator.communication_backend_name()
+    # A bounded timeout: a rank that dies must not leave the others waiting for half an hour.
+    timeout = timedelta(seconds=int(os.environ.get("MEGATRON_DIST_TIMEOUT_S", "600")))
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
+    args.rank = torch.distributed.get_rank()
+    args.world_size = torch.distributed.get_world_size()
+    mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    # DeepSpeed's activation checkpointing saves and restores the tensor-parallel RNG states on
+    # recompute; it needs to know the tensor-parallel layout for that.
+    deepspeed.checkpointing.configure(mpu, partition_activations=False, contiguous_checkpointing=False,
+                                      checkpoint_in_cpu=False, synchronize=False, profile=False)
+
+
+def _set_random_seed(seed):
+    """Same seed on tensor-parallel ranks of a stage, distinct per stage (as Megatron does)."""
+    stage_seed = seed + 100 * mpu.get_pipeline_model_parallel_rank()
+    random.seed(stage_seed)
+    np.random.seed(stage_seed)
+    torch.manual_seed(stage_seed)
+    mpu.model_parallel_cuda_manual_seed(stage_seed)

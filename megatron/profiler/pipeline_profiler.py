@@ -1,0 +1,265 @@
+"""PipelineFlopsProfiler: DeepSpeed's FlopsProfiler API, made true for PipelineEngine (and DeepSpeedEngine).
+
+    prof = PipelineFlopsProfiler(engine)
+    prof.start_profile()
+    engine.train_batch(data_iter)        # or forward/backward/step on a plain DeepSpeedEngine
+    prof.stop_profile()
+    prof.print_model_profile(profile_step=N)   # collective: every rank calls it; rank 0 prints
+    report = prof.get_report()                 # collective; the same dict on every rank
+    prof.end_profile()
+
+Every rank of every stage measures its own stage: forward, backward and recompute FLOPs and
+latencies per module, and every schedule instruction. The per-rank measurements are all-gathered
+over the world group (which covers the pipeline, tensor and data groups), so every rank builds the
+same report; only global rank 0 prints and writes files.
+"""
+import functools
+import time
+
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.pipe.engine import PipelineEngine
+
+from megatron.profiler.instruction_timer import InstructionTimer
+from megatron.profiler.module_profiler import ModuleProfiler
+from megatron.profiler.peaks import peak_tflops_for
+from megatron.profiler.printer import format_report
+from megatron.profiler.report import build_report, write_json
+
+# A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the
+# pipeline instructions they correspond to.
+_PLAIN_ENGINE_INSTRUCTIONS = {"forward": "ForwardPass", "backward": "BackwardPass", "step": "OptimizerStep"}
+
+
+class PipelineFlopsProfiler:
+    def __init__(self, engine, seq_length=None, analytic=None, peak_tflops=None, activation_checkpointing=None):
+        """analytic: the Megatron-LM formula's {'fwd_flops','bwd_flops','recompute_flops'}, or None."""
+        self.engine = engine
+        self.is_pipeline = isinstance(engine, PipelineEngine)
+        self.seq_length = seq_length
+        self.analytic = analytic
+        self.peak_tflops = peak_tflops
+        self.activation_checkpointing = activation_checkpointing
+        self.accelerator = get_accelerator()
+        self.module_profiler = None
+        self.instruction_timer = None
+        self._swapped_forward_funcs = []
+        self._restore_engine_methods = []
+        self._window = None  # (start, end) of the profiled work, for the plain engine
+        self._train_batch_s = 0.0
+        self._report = None
+        self.started = False
+
+    # ------------------------------------------------------------------ measuring
+    def start_profile(self, ignore_list=None):
+        """Install every hook and timer; local to this rank (no collective)."""
+        if self.started:
+            return
+        module = self.engine.module
+        self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
+                                              root_name=type(module).__name__)
+        self.instruction_timer = InstructionTimer(self.engine, self.accelerator.synchronize)
+        if self.is_pipeline:
+            self._credit_tied_forward_fns(module)
+            self.instruction_timer.install()
+            self._wrap_engine_method("train_batch", self._timed_train_batch)
+        else:
+            for method, instruction in _PLAIN_ENGINE_INSTRUCTIONS.items():
+                original = getattr(type(self.engine), method)
+                self._wrap_engine_method(method, self._bound(self.instruction_timer.timed(instruction, original)))
+        if self.accelerator.device_name() != "cpu":
+            self.accelerator.reset_peak_memory_stats()
+        self._report = None
+        self._train_batch_s = 0.0
+        self.module_profiler.start()
+        self.accelerator.synchronize()
+        self._window = [time.perf_counter(), None]
+        self.started = True
+
+    def stop_profile(self):
+        if not self.started:
+            return
+        self.accelerator.synchronize()
+        self._window[1] = time.perf_counter()
+        self.module_profiler.stop()
+        self.started = False
+
+    def end_profile(self):
+        """Remove every hook, wrapper and swapped function: the engine runs as if never profiled."""
+        self.stop_profile()
+        for restore in reversed(self._restore_engine_methods):
+            restore()
+        self._restore_engine_methods = []
+        for funcs, index, original in self._swapped_forward_funcs:
+            funcs[index] = original
+        self._swapped_forward_funcs = []
+        if self.instruction_timer is not None:
+            self.instruction_timer.remove()
+        if self.module_profiler is not None:
+            self.module_profiler.remove()
+
+    def _credit_tied_forward_fns(self, module):
+        """TiedLayerSpec(forward_fn=...) entries are partial(fn, tied_module): plain calls, no hooks.
+
+        Swap each for a proxy that runs the same function under the tied module's scope.
+        """
+        tied = set(id(m) for m in getattr(module, "tied_modules", {}).values())
+        funcs = getattr(module, "forward_funcs", [])
+        for index, func in enumerate(funcs):
+            if isinstance(func, functools.partial) and func.args and id(func.args[0]) in tied and len(func.args) == 1:
+                proxy = self.module_profiler.scoped_call(func.args[0], func.func)
+                self._swapped_forward_funcs.append((funcs, index, func))
+                funcs[index] = proxy
+
+    def _wrap_engine_method(self, name, replacement):
+        """Shadow a method on this engine instance only; restoring deletes the instance attribute."""
+        engine = self.engine
+        had_instance_attr = name in engine.__dict__
+        previous = engine.__dict__.get(name)
+        setattr(engine, name, replacement)
+
+        def restore():
+            if had_instance_attr:
+                setattr(engine, name, previous)
+            else:
+                delattr(engine, name)
+        self._restore_engine_methods.append(restore)
+
+    def _bound(self, fn):
+        engine = self.engine
+        return lambda *args, **kwargs: fn(engine, *args, **kwargs)
+
+    def _timed_train_batch(self, *args, **kwargs):
+        self.accelerator.synchronize()
+        start = time.perf_counter()
+        try:
+            return _unpatched(type(self.engine).train_batch)(self.engine, *args, **kwargs)
+        finally:
+            self.accelerator.synchronize()
+            self._train_batch_s += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ reporting
+    def _local_entry(self):
+        engine = self.engine
+        stage_id, tp_rank, dp_rank = _coordinates(engine)
+        if self.is_pipeline:
+            train_batch_s = self._train_batch_s
+        else:
+            train_batch_s = self._window[1] - self._window[0]
+        peak = None
+        if self.accelerator.device_name() != "cpu":
+            peak = int(self.accelerator.max_memory_allocated())
+        tree = self.module_profiler.tree()
+        _annotate_replicated_params(engine.module, tree)
+        return {
+            "global_rank": dist.get_rank(), "stage_id": stage_id, "tp_rank": tp_rank, "dp_rank": dp_rank,
+            "modules": tree, "instructions": self.instruction_timer.as_dict(),
+            "train_batch_latency_s": train_batch_s, "peak_memory_bytes": peak,
+            "events": [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.instruction_timer.events],
+        }
+
+    def _meta(self, profile_step):
+        engine = self.engine
+        pp, tp, dp = _parallel_sizes(engine)
+        if self.is_pipeline:
+            micro_batches = engine.micro_batches
+            checkpointing = engine.module.activation_checkpoint_interval > 0
+        else:
+            micro_batches = engine.gradient_accumulation_steps()
+            checkpointing = bool(self.activation_checkpointing)
+        if self.activation_checkpointing is not None:
+            checkpointing = bool(self.activation_checkpointing)
+        dtype = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+        device = self.accelerator.device_name()
+        device_name = torch.cuda.get_device_name() if device == "cuda" else device
+        peak = self.peak_tflops if self.peak_tflops is not None else peak_tflops_for(device_name, dtype)
+        return {
+            "step": int(profile_step if profile_step is not None else engine.global_steps),
+            "world_size": dist.get_world_size(), "pipeline_parallel_size": pp, "tensor_parallel_size": tp,
+            "data_parallel_size": dp, "micro_batches": micro_batches,
+            "micro_batch_size": engine.train_micro_batch_size_per_gpu(), "seq_length": self.seq_length,
+            "activation_checkpointing": checkpointing, "analytic": self.analytic,
+            "peak_tflops": peak, "device_name": device_name, "dtype": dtype,
+        }
+
+    def get_report(self, profile_step=None):
+        """Collective over the world group: every rank must call it. Returns the schema's dict."""
+        if self._report is None or (profile_step is not None and self._report["step"] != profile_step):
+            entries = [None] * dist.get_world_size()
+            dist.all_gather_object(entries, self._local_entry())
+            self._report = build_report(entries, self._meta(profile_step))
+        return self._report
+
+    def print_model_profile(self, profile_step=None, module_depth=-1, top_modules=1, detailed=True, output_file=None):
+        """Collective. Global rank 0 prints the report (or writes it to output_file)."""
+        report = self.get_report(profile_step)
+        if dist.get_rank() != 0:
+            return
+        text = format_report(report, module_depth=module_depth, top_modules=top_modules, detailed=detailed)
+        if output_file:
+            with open(output_file, "w") as f:
+                f.write(text + "\n")
+        else:
+            print(text, flush=True)
+
+    def write_json(self, path, profile_step=None):
+        """Collective (it gathers if needed). Global rank 0 writes the schema's JSON to path."""
+        report = self.get_report(profile_step)
+        if dist.get_rank() == 0:
+            write_json(report, path)
+
+
+def _coordinates(engine):
+    if isinstance(engine, PipelineEngine):
+        grid = engine.grid
+        return grid.get_stage_id(), grid.get_slice_parallel_rank(), grid.get_data_parallel_rank()
+    mpu = engine.mpu
+    tp_rank = mpu.get_model_parallel_rank() if mpu is not None else 0
+    dp_rank = mpu.get_data_parallel_rank() if mpu is not None else dist.get_rank()
+    return 0, tp_rank, dp_rank
+
+
+def _parallel_sizes(engine):
+    if isinstance(engine, PipelineEngine):
+        grid = engine.grid
+        return grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(), grid.get_data_parallel_world_size()
+    mpu = engine.mpu
+    tp = mpu.get_model_parallel_world_size() if mpu is not None else 1
+    return 1, tp, dist.get_world_size() // tp
+
+
+def _annotate_replicated_params(module, node):
+    """replicated_params: the part of a node's params that every tensor rank holds whole.
+
+    Parameters marked tensor_model_parallel are shards (summed over tensor ranks); the rest
+    (LayerNorm, row-parallel biases, position embeddings) are counted once.
+    """
+    seen = set()
+
+    def visit(mod, tree_node):
+        own = 0
+        for param in mod.parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                if not getattr(param, "tensor_model_parallel", False):
+                    own += param.numel()
+        children = dict(mod.named_children())
+        total = own
+        for child_node in tree_node["children"]:
+            child = children.get(child_node["name"])
+            if child is not None:
+                total += visit(child, child_node)
+        tree_node["replicated_params"] = total
+        return total
+
+    visit(module, node)
+
+
+def _unpatched(method):
+    """patches wraps PipelineEngine.train_batch; the profiler itself runs the original."""
+    return getattr(method, "__wrapped__", method)
+
+
+def _plain(kwargs):
+    return {key: value for key, value in kwargs.items() if isinstance(value, (int, float, str, bool))}

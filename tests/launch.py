@@ -1,0 +1,57 @@
+"""Run pretrain_gpt.py (or any script) under the real `deepspeed` launcher, on CPU over gloo."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A tiny GPT: big enough to have every kind of layer, small enough for a 2-core CI machine.
+TINY_GPT = [
+    "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "16", "--max-position-embeddings", "16",
+    "--micro-batch-size", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "2",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--synthetic-vocab-size", "200",
+    "--make-vocab-size-divisible-by", "8", "--log-interval", "1", "--eval-iters", "0", "--seed", "1234",
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deepspeed_launcher():
+    return str(Path(sys.executable).parent / "deepspeed")
+
+
+def launch(script, nprocs, script_args, cwd, timeout=300, env=None):
+    """`deepspeed --num_gpus N script args`; returns the CompletedProcess (text output)."""
+    command = [deepspeed_launcher(), "--num_gpus", str(nprocs), "--master_port", str(free_port()),
+               str(script)] + [str(a) for a in script_args]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    full_env.update(env or {})
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_pretrain(tmp_path, nprocs, extra_args, name="run", timeout=300):
+    """Run pretrain_gpt.py with the tiny GPT; returns (process, {iteration: loss})."""
+    loss_file = Path(tmp_path) / f"{name}_losses.jsonl"
+    args = TINY_GPT + ["--loss-record-file", loss_file] + list(extra_args)
+    process = launch(REPO / "pretrain_gpt.py", nprocs, args, cwd=tmp_path, timeout=timeout)
+    return process, read_losses(loss_file)
+
+
+def read_losses(path):
+    if not Path(path).exists():
+        return {}
+    records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    return {r["iteration"]: float.fromhex(r["loss_hex"]) for r in records}
+
+
+def explain(process):
+    """Enough of a failed run's output to debug it from a CI log."""
+    return f"rc={process.returncode}\n--- stdout (tail) ---\n{process.stdout[-4000:]}\n--- stderr (tail) ---\n{process.stderr[-4000:]}"
