@@ -1,0 +1,237 @@
+"""The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from megatron.profiler.report import aggregate_by_depth
+
+HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
+CLOSING = "-" * 78
+_LINE = "{:<72}  {}"
+_SCALES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
+
+
+def _decimals(value):
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def number_to_string(num):
+    """463210000 -> '463.21 M'."""
+    for scale, unit in _SCALES:
+        if abs(num) >= scale:
+            return f"{_decimals(num / scale)} {unit}"
+    return _decimals(num)
+
+
+def params_to_string(params):
+    return number_to_string(params).replace("G", "B")
+
+
+def flops_rate_to_string(flops_per_s):
+    """12.3e9 -> '12.3 GFLOPS'."""
+    text = number_to_string(flops_per_s)
+    return f"{text}FLOPS" if text[-1].isalpha() else f"{text} FLOPS"
+
+
+def bytes_to_string(num):
+    text = number_to_string(num)
+    return f"{text}B" if text[-1].isalpha() else f"{text} B"
+
+
+def duration_to_string(seconds):
+    """29.87 -> '29.87 s', 0.11917 -> '119.17 ms'."""
+    if seconds == 0 or seconds >= 1:
+        return f"{_decimals(seconds)} s"
+    if seconds >= 1e-3:
+        return f"{_decimals(seconds * 1e3)} ms"
+    return f"{_decimals(seconds * 1e6)} us"
+
+
+def _percent(part, whole):
+    return f"{100 * part / whole:.2f}%" if whole else "0%"
+
+
+def _table(headers, rows, indent="  "):
+    widths = [max(len(str(row[i])) for row in [headers] + rows) for i in range(len(headers))]
+    return [indent + "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()
+            for row in [headers] + rows]
+
+
+def _ranks(stage):
+    return ",".join(str(r) for r in stage["global_ranks"])
+
+
+def _notations(report):
+    lines = ["Notations:",
+             "pipeline parallel size (pp), tensor parallel size (tp), data parallel size (dp), "
+             "number of parameters (params),",
+             "floating-point operations (flops), floating-point operations per second (FLOPS), "
+             "fwd (forward), bwd (backward), recompute (activation checkpointing), step (weights update),"]
+    lines += [f"{note}," for note in report["notes"].values()]
+    lines[-1] = lines[-1][:-1]
+    return lines + [""]
+
+
+def _summary(report):
+    totals, par = report["totals"], report["parallelism"]
+    pp, tp, dp = par["pipeline_parallel_size"], par["tensor_parallel_size"], par["data_parallel_size"]
+    bounding = report["bounding_stage"]
+    device = report["device"]
+    model_flops = totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]
+
+    def line(label, value):
+        return _LINE.format(label + ":", value)
+
+    lines = [
+        line("world size = pp * tp * dp", f"{par['world_size']} = {pp} * {tp} * {dp}"),
+        line("micro-batches * micro-batch size (per replica)", f"{par['micro_batches']} * {par['micro_batch_size']}"),
+        line("seq length", par["seq_length"] if par.get("seq_length") else "n/a"),
+        line("activation checkpointing", "yes" if report["activation_checkpointing"] else "no"),
+        line("device, dtype, dense peak", f"{device['name']}, {device['dtype']}, "
+             + (f"{device['peak_tflops']:g} TFLOPS" if device["peak_tflops"] else "unknown")),
+    ]
+    lines += [line(f"params per GPU, stage {s['stage_id']} (ranks {_ranks(s)})", params_to_string(s["params_per_gpu"]))
+              for s in report["stages"]]
+    lines += [
+        line("params of model (tp shards summed, replicated and tied params once)", params_to_string(totals["params"])),
+        line("fwd flops of model", number_to_string(totals["fwd_flops"])),
+        line("bwd flops of model", number_to_string(totals["bwd_flops"])),
+        line("recompute flops of model", number_to_string(totals["recompute_flops"])),
+        line("fwd / bwd / recompute flops per GPU = flops of model / (pp * tp)",
+             " / ".join(number_to_string(totals[k] / (pp * tp)) for k in ("fwd_flops", "bwd_flops", "recompute_flops"))),
+        line(f"fwd latency (ForwardPass of stage {bounding}, the bounding stage)", duration_to_string(totals["fwd_latency_s"])),
+        line(f"bwd latency (BackwardPass of stage {bounding})", duration_to_string(totals["bwd_latency_s"])),
+        line(f"step latency (OptimizerStep of stage {bounding})", duration_to_string(totals["step_latency_s"])),
+        line("iter latency = largest stage train_batch time", duration_to_string(totals["iter_latency_s"])),
+        line("hardware FLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp)",
+             flops_rate_to_string(totals["tflops_per_gpu"] * 1e12)),
+        line("model FLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp)",
+             flops_rate_to_string(totals["model_tflops_per_gpu"] * 1e12)),
+        line("samples/second = micro-batches * micro-batch size * dp / iter latency", f"{totals['samples_per_s']:.2f}"),
+        line("tokens/second = samples/second * seq length",
+             f"{totals['tokens_per_s']:.2f}" if totals.get("tokens_per_s") is not None else "n/a: seq length unknown"),
+        line("MFU = model FLOPS per GPU / dense peak of the device",
+             f"{100 * totals['mfu']:.2f}%" if totals["mfu"] is not None else "n/a: device peak unknown, pass --peak-tflops"),
+    ]
+    if totals.get("analytic") is not None:
+        analytic = totals["analytic"]
+        lines += [
+            line("analytic flops of model (Megatron-LM formula)",
+                 f"{number_to_string(totals['analytic_flops'])} (fwd {number_to_string(analytic['fwd_flops'])} + "
+                 f"bwd {number_to_string(analytic['bwd_flops'])} + recompute {number_to_string(analytic['recompute_flops'])})"),
+            line("measured flops of model (fwd + bwd + recompute)", number_to_string(model_flops)),
+            line("measured / analytic", f"{totals['measured_over_analytic']:.4f}"),
+        ]
+    else:
+        lines.append(line("analytic flops of model (Megatron-LM formula)", "n/a: not given"))
+    return lines
+
+
+def _stage_table(report):
+    headers = ["stage", "ranks", "params", "fwd flops", "bwd flops", "recompute flops", "fwd", "bwd", "step",
+               "comm+wait", "other", "train_batch", "share"]
+    rows = []
+    for s in report["stages"]:
+        marker = " *" if s["stage_id"] == report["bounding_stage"] else ""
+        rows.append([f"{s['stage_id']}{marker}", _ranks(s), params_to_string(s["params"]),
+                     number_to_string(s["fwd_flops"]), number_to_string(s["bwd_flops"]),
+                     number_to_string(s["recompute_flops"])]
+                    + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
+                                                          "comm_s", "other_s", "train_batch_latency_s")]
+                    + [f"{100 * s['busy_share']:.2f}%"])
+    return (["", "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"]
+            + _table(headers, rows)
+            + ["  * bounds the iteration (largest fwd + bwd + step time); "
+               "share = (fwd + bwd + step) / iter latency"])
+
+
+def _instruction_tables(report):
+    lines = []
+    for s in report["stages"]:
+        train_batch = s["train_batch_latency_s"]
+        rows = [[name, i["count"], duration_to_string(i["total_s"]), _percent(i["total_s"], train_batch)]
+                for name, i in s["instructions"].items()]
+        rows.append(["all instructions", "", duration_to_string(s["instructions_s"]),
+                     _percent(s["instructions_s"], train_batch)])
+        memory = bytes_to_string(s["peak_memory_bytes"]) if s.get("peak_memory_bytes") is not None else "n/a"
+        lines += ["", f"Instructions of stage {s['stage_id']} (ranks {_ranks(s)}; train_batch "
+                      f"{duration_to_string(train_batch)}, peak memory {memory}):"]
+        lines += _table(["instruction", "count", "total", "% of train_batch"], rows)
+    return lines
+
+
+def _aggregated(report, module_depth, top_modules):
+    depths = aggregate_by_depth(report["model_tree"])
+    last = len(depths) - 1 if module_depth < 0 else min(module_depth, len(depths) - 1)
+    lines = [f"Top {top_modules} modules in terms of params, flops (fwd + bwd + recompute) or latency at "
+             "different model depths,",
+             "each type summed over its modules at that depth in the whole-model tree (all stages, tp shards "
+             "summed; latencies the largest tp rank's, summed over stages):"]
+    columns = (("params", "params", params_to_string), ("flops", "flops", number_to_string),
+               ("fwd latency", "fwd_latency_s", duration_to_string),
+               ("bwd latency", "bwd_latency_s", duration_to_string),
+               ("recompute latency", "recompute_latency_s", duration_to_string))
+    for depth in range(last + 1):
+        by_type = depths[depth]
+        total = {key: sum(row[key] for row in by_type.values()) for _, key, _ in columns}
+        lines.append(f"depth {depth} (all {sum(r['count'] for r in by_type.values())} modules: "
+                     + ", ".join(f"{label} {fmt(total[key])}" for label, key, fmt in columns) + "):")
+        for label, key, fmt in columns:
+            top = sorted(by_type.items(), key=lambda item: item[1][key], reverse=True)[:top_modules]
+            lines.append(f"    {label:<17} - {dict((name, fmt(row[key])) for name, row in top)}")
+    return lines
+
+
+def _node_summary(node, root, tp):
+    flops = node["fwd_flops"] + node["bwd_flops"] + node["recompute_flops"]
+    latency = node["fwd_latency_s"] + node["bwd_latency_s"] + node["recompute_latency_s"]
+    root_flops = root["fwd_flops"] + root["bwd_flops"] + root["recompute_flops"]
+    return (f"{params_to_string(node['params'])} = {_percent(node['params'], root['params'])} Params, "
+            f"fwd {number_to_string(node['fwd_flops'])} + bwd {number_to_string(node['bwd_flops'])} + "
+            f"recompute {number_to_string(node['recompute_flops'])} flops = {_percent(flops, root_flops)} flops, "
+            f"fwd {duration_to_string(node['fwd_latency_s'])}, bwd {duration_to_string(node['bwd_latency_s'])}, "
+            f"recompute {duration_to_string(node['recompute_latency_s'])}, "
+            f"{flops_rate_to_string(flops / tp / latency if latency else 0)}")
+
+
+def _tree(node, root, tp, depth, module_depth, indent, label):
+    shown = node["children"] if module_depth < 0 or depth < module_depth else []
+    head = f"{indent}{label}{node['type']}("
+    if not shown:
+        return [f"{head}{_node_summary(node, root, tp)})"]
+    lines = [head, f"{indent}  {_node_summary(node, root, tp)},"]
+    for child in shown:
+        lines += _tree(child, root, tp, depth + 1, module_depth, indent + "  ", f"({child['name']}): ")
+    return lines + [f"{indent})"]
+
+
+def _detailed(report, module_depth):
+    tp = report["parallelism"]["tensor_parallel_size"]
+    root = report["model_tree"]
+    return [
+        "Each module profile is listed after its name in the following order:",
+        "params = % of model params, fwd + bwd + recompute flops = % of model flops, fwd latency, bwd latency, "
+        "recompute latency, FLOPS per GPU = its flops / tp / its (fwd + bwd + recompute) latency",
+        "",
+        "Note: 1. The tree is the whole model: every stage's modules under one root, layers under their global "
+        "index. Params and flops are summed over tp shards (replicated params once); latencies are the largest tp "
+        "rank's; a module held by several stages (tied) has its params once and its flops and latencies summed "
+        "over stages, as has the root.",
+        "2. Params, flops and latencies are inclusive: a module's include its submodules'. Work done outside any "
+        "submodule (functional calls, the loss) makes up the difference between a module and the sum of its "
+        "submodules.",
+        "3. Latencies are device-synchronized, measured on the module itself, forward, backward and recompute apart.",
+        "",
+    ] + _tree(root, root, tp, 0, module_depth, "", "")
+
+
+def format_report(report, module_depth=-1, top_modules=1, detailed=True):
+    """The report as text. module_depth=-1 shows every depth, k shows depths 0..k (the root is depth 0)."""
+    lines = ["", HEADER, f"Profile Summary at step {report['step']}:"]
+    lines += _notations(report)
+    lines += _summary(report)
+    lines += _stage_table(report)
+    lines += _instruction_tables(report)
+    lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]
+    lines += _aggregated(report, module_depth, top_modules)
+    if detailed:
+        lines += ["", "------------------------------ Detailed Profile per GPU ------------------------------"]
+        lines += _detailed(report, module_depth)
+    lines.append(CLOSING)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,334 @@
+"""Turn the gathered per-rank measurements into the profile report (schema_version 1).
+
+The contract is specs/flops-profile.md and flops-profile.schema.json (beside this file, loaded by
+path relative to this module; an installed wheel needs it as package data). Beyond the schema the
+report carries:
+- top level: `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
+  ({name, dtype, peak_tflops}) and `notes` (the formulas used; the printer's Notations block);
+- per stage: params_per_gpu, train_batch_latency_max_dp_s (over all data-parallel replicas),
+  comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share;
+- totals: analytic ({fwd,bwd,recompute}_flops or null), measured_over_analytic, tokens_per_s,
+  peak_tflops;
+- module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
+  {fwd,bwd,recompute}_calls, always present.
+"""
+import json
+import os
+import tempfile
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops-profile.schema.json")
+
+# Node fields that are counts (exact ints) and those that are seconds.
+FLOP_FIELDS = ("fwd_flops", "bwd_flops", "recompute_flops",
+               "fwd_other_flops", "bwd_other_flops", "recompute_other_flops")
+CALL_FIELDS = ("fwd_calls", "bwd_calls", "recompute_calls")
+LATENCY_FIELDS = ("fwd_latency_s", "bwd_latency_s", "recompute_latency_s")
+
+# The pipeline schedule's instructions, in the order a 1F1B step meets them.
+INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendActivation",
+                     "RecvGrad", "BackwardPass", "SendGrad", "ReduceTiedGrads", "ReduceGrads",
+                     "OptimizerStep")
+COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
+REDUCE_INSTRUCTIONS = ("ReduceGrads", "ReduceTiedGrads")
+
+# What every number means; the printer shows these as its Notations block, so the printed formulas
+# are the ones used here.
+NOTES = {
+    "replica": "one iteration (all micro-batches) of one data-parallel replica (the ranks with dp rank 0)",
+    "flops": "matrix work only (GEMM, attention, convolution), 2 flops per multiply-accumulate; "
+             "fwd = forward pass, bwd = backward kernels as executed, "
+             "recompute = forward re-run inside backward by activation checkpointing",
+    "stage_merge": "a stage's counts are summed over its tp ranks, its times are the largest over them, "
+                   "instruction and module call counts are one rank's",
+    "params": "params of model = sum over stages of the tp shards' params, parameters replicated over tp "
+              "(norms, row-parallel biases) and tied modules counted once",
+    "params_per_gpu": "params per GPU = a stage's parameters held by one rank (largest over its tp ranks)",
+    "flops_per_gpu": "flops per GPU = flops of model / (pp * tp)",
+    "latency": "fwd / bwd / step latency = total time of the ForwardPass / BackwardPass / OptimizerStep "
+               "instructions of the bounding stage",
+    "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
+    "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
+    "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp) / 1e12",
+    "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp) / 1e12",
+    "samples_per_s": "samples/s = micro-batches * micro-batch size * dp / iter latency; "
+                     "tokens/s = samples/s * seq length",
+    "mfu": "MFU = model TFLOPS per GPU / the device's dense peak TFLOPS",
+    "analytic": "analytic flops = Megatron-LM formula for this iteration, one replica (fwd + bwd + recompute); "
+                "ratio = measured (fwd + bwd + recompute) / analytic",
+    "comm_s": "comm+wait = Send*/Recv* instructions, including waiting for the neighbouring stage",
+    "other_s": "other = train_batch time outside every instruction (at least 0)",
+    "busy_share": "share = (fwd + bwd + step) / iter latency",
+    "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
+                  "(tied) has its params once and its flops, calls and latencies summed over stages",
+}
+
+
+def load_schema():
+    with open(SCHEMA_PATH) as f:
+        return json.load(f)
+
+
+def validate_report(report):
+    """Raise jsonschema.ValidationError if `report` breaks the schema."""
+    try:
+        import jsonschema
+    except ImportError as e:
+        raise ImportError("validating a profile report needs jsonschema: pip install jsonschema "
+                          "(it is in this package's 'test' extra)") from e
+    jsonschema.Draft202012Validator(load_schema()).validate(report)
+
+
+def write_json(report, path):
+    """Write atomically: readers never see half a report."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".flops_profile.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _clean_node(node):
+    """A node with every field present, counts as ints and seconds as floats."""
+    out = {"name": str(node["name"]), "type": str(node["type"]), "params": int(node["params"]),
+           "replicated_params": int(node.get("replicated_params", 0))}
+    for field in FLOP_FIELDS + CALL_FIELDS:
+        out[field] = int(node.get(field, 0))
+    for field in LATENCY_FIELDS:
+        out[field] = float(node.get(field, 0.0))
+    out["children"] = [_clean_node(child) for child in node.get("children", [])]
+    return out
+
+
+def _shape(node):
+    return node["name"], node["type"], len(node["children"])
+
+
+def merge_tp_trees(trees):
+    """One stage's tree from its tp ranks' trees (same structure on every rank, listed by tp rank)."""
+    first = trees[0]
+    for tree in trees[1:]:
+        if _shape(tree) != _shape(first):
+            raise ValueError(f"tp ranks disagree on module {first['name']!r}: "
+                             f"{tree['name']!r} {tree['type']} with {len(tree['children'])} children vs "
+                             f"{first['type']} with {len(first['children'])}")
+    replicated = first["replicated_params"]
+    merged = {"name": first["name"], "type": first["type"],
+              # each rank holds its shard plus a full copy of the replicated part: count that once
+              "params": sum(t["params"] - t["replicated_params"] for t in trees) + replicated,
+              "replicated_params": replicated}
+    for field in FLOP_FIELDS:
+        merged[field] = sum(t[field] for t in trees)
+    for field in CALL_FIELDS:  # every tp rank runs the module as often: calls are per rank
+        merged[field] = max(t[field] for t in trees)
+    for field in LATENCY_FIELDS:
+        merged[field] = max(t[field] for t in trees)
+    merged["children"] = [merge_tp_trees([t["children"][i] for t in trees]) for i in range(len(first["children"]))]
+    return merged
+
+
+def _own(node, field):
+    """The part of an inclusive count held by the node itself, not by its children."""
+    return node[field] - sum(child[field] for child in node["children"])
+
+
+def _sort_layer_names(children):
+    """Put numeric names (global layer indices) in numeric order, in the slots numeric names hold."""
+    slots = [i for i, child in enumerate(children) if child["name"].isdigit()]
+    layers = sorted((children[i] for i in slots), key=lambda child: int(child["name"]))
+    ordered = list(children)
+    for slot, layer in zip(slots, layers):
+        ordered[slot] = layer
+    return ordered
+
+
+def merge_stage_trees(trees):
+    """The whole-model tree from the stages' trees, matching children by name.
+
+    A module present on several stages (the root, tied modules) is one node: params once (a node's
+    own params, i.e. not in its children, taken once), flops, calls and latencies summed.
+    """
+    first = trees[0]
+    for tree in trees[1:]:
+        if tree["type"] != first["type"]:
+            raise ValueError(f"stages disagree on module {first['name']!r}: {first['type']} vs {tree['type']}")
+    by_name = {}
+    for tree in trees:
+        for child in tree["children"]:
+            by_name.setdefault(child["name"], []).append(child)
+    children = _sort_layer_names([merge_stage_trees(group) for group in by_name.values()])
+    merged = {"name": first["name"], "type": first["type"]}
+    for field in ("params", "replicated_params"):
+        merged[field] = max(_own(t, field) for t in trees) + sum(c[field] for c in children)
+    for field in FLOP_FIELDS + CALL_FIELDS + LATENCY_FIELDS:
+        merged[field] = sum(t[field] for t in trees)
+    merged["children"] = children
+    return merged
+
+
+def aggregate_by_depth(tree):
+    """[{type: {'count', 'params', 'flops', fwd/bwd/recompute latency}} for depth 0, 1, ... deepest].
+
+    Every node of the tree is counted at its own depth, so, the tree being inclusive, a depth's
+    params and flops never exceed the depth above.
+    """
+    depths = []
+
+    def walk(node, depth):
+        if depth == len(depths):
+            depths.append({})
+        row = depths[depth].setdefault(node["type"], {"count": 0, "params": 0, "flops": 0, "fwd_latency_s": 0.0,
+                                                       "bwd_latency_s": 0.0, "recompute_latency_s": 0.0})
+        row["count"] += 1
+        row["params"] += node["params"]
+        row["flops"] += node["fwd_flops"] + node["bwd_flops"] + node["recompute_flops"]
+        for field in LATENCY_FIELDS:
+            row[field] += node[field]
+        for child in node["children"]:
+            walk(child, depth + 1)
+
+    walk(tree, 0)
+    return depths
+
+
+def _merge_instructions(per_rank):
+    names = {name for instructions in per_rank for name in instructions}
+    known = [name for name in INSTRUCTION_ORDER if name in names]
+    ordered = known + sorted(names - set(known))
+    merged = {}
+    for name in ordered:
+        present = [instructions[name] for instructions in per_rank if name in instructions]
+        merged[name] = {"count": max(int(i["count"]) for i in present),
+                        "total_s": max(float(i["total_s"]) for i in present)}
+    return merged
+
+
+def _instruction_s(instructions, names):
+    return sum(instructions[name]["total_s"] for name in names if name in instructions)
+
+
+def _build_stage(stage_id, entries, all_dp_entries):
+    trees = [_clean_node(e["modules"]) for e in entries]
+    modules = merge_tp_trees(trees)
+    instructions = _merge_instructions([e["instructions"] for e in entries])
+    train_batch_s = max(float(e["train_batch_latency_s"]) for e in entries)
+    memory = [int(e["peak_memory_bytes"]) for e in entries if e.get("peak_memory_bytes") is not None]
+    fwd_s = _instruction_s(instructions, ("ForwardPass",))
+    bwd_s = _instruction_s(instructions, ("BackwardPass",))
+    step_s = _instruction_s(instructions, ("OptimizerStep",))
+    covered_s = _instruction_s(instructions, instructions)
+    return {
+        "stage_id": stage_id,
+        "global_ranks": sorted(int(e["global_rank"]) for e in entries),
+        "params": modules["params"],
+        "params_per_gpu": max(t["params"] for t in trees),
+        "fwd_flops": modules["fwd_flops"],
+        "bwd_flops": modules["bwd_flops"],
+        "recompute_flops": modules["recompute_flops"],
+        "fwd_latency_s": fwd_s,
+        "bwd_latency_s": bwd_s,
+        "step_latency_s": step_s,
+        "train_batch_latency_s": train_batch_s,
+        "train_batch_latency_max_dp_s": max(float(e["train_batch_latency_s"]) for e in all_dp_entries),
+        "comm_s": _instruction_s(instructions, COMM_INSTRUCTIONS),
+        "reduce_s": _instruction_s(instructions, REDUCE_INSTRUCTIONS),
+        "load_s": _instruction_s(instructions, ("LoadMicroBatch",)),
+        "instructions_s": covered_s,
+        "other_s": max(0.0, train_batch_s - covered_s),
+        "busy_s": fwd_s + bwd_s + step_s,
+        "peak_memory_bytes": max(memory) if memory else None,
+        "instructions": instructions,
+        "modules": modules,
+    }
+
+
+def _check_layout(rank_entries, meta):
+    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
+    if pp * tp * dp != meta["world_size"]:
+        raise ValueError(f"pp {pp} x tp {tp} x dp {dp} != world size {meta['world_size']}")
+    ranks = sorted(e["global_rank"] for e in rank_entries)
+    if ranks != list(range(meta["world_size"])):
+        raise ValueError(f"need one entry from each of the {meta['world_size']} ranks, got ranks {ranks}")
+    coords = sorted((e["stage_id"], e["tp_rank"], e["dp_rank"]) for e in rank_entries)
+    expected = [(s, t, d) for s in range(pp) for t in range(tp) for d in range(dp)]
+    if coords != expected:
+        raise ValueError("the entries' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
+
+
+def build_report(rank_entries, meta):
+    """The report dict (schema_version 1 plus documented extras) from every rank's entry and `meta`."""
+    _check_layout(rank_entries, meta)
+    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
+    stages = []
+    for stage_id in range(pp):
+        on_stage = [e for e in rank_entries if e["stage_id"] == stage_id]
+        replica = sorted((e for e in on_stage if e["dp_rank"] == 0), key=lambda e: e["tp_rank"])
+        stages.append(_build_stage(stage_id, replica, on_stage))
+
+    iter_s = max(s["train_batch_latency_s"] for s in stages)
+    if iter_s <= 0:
+        raise ValueError("every stage's train_batch time is 0: nothing was timed")
+    for stage in stages:
+        stage["busy_share"] = stage["busy_s"] / iter_s
+    bounding = max(stages, key=lambda s: (s["busy_s"], -s["stage_id"]))
+
+    fwd = sum(s["fwd_flops"] for s in stages)
+    bwd = sum(s["bwd_flops"] for s in stages)
+    recompute = sum(s["recompute_flops"] for s in stages)
+    model_tree = merge_stage_trees([s["modules"] for s in stages])
+    samples_per_s = meta["micro_batches"] * meta["micro_batch_size"] * dp / iter_s
+    seq = meta.get("seq_length")
+    model_tflops = (fwd + bwd) / iter_s / (pp * tp) / 1e12
+    peak = meta.get("peak_tflops")
+    analytic = meta.get("analytic")
+    analytic_flops = None
+    if analytic is not None:
+        analytic = {kind: int(analytic[kind]) for kind in ("fwd_flops", "bwd_flops", "recompute_flops")}
+        analytic_flops = sum(analytic.values())
+
+    totals = {
+        "params": model_tree["params"],
+        "fwd_flops": fwd,
+        "bwd_flops": bwd,
+        "recompute_flops": recompute,
+        "analytic_flops": analytic_flops,
+        "analytic": analytic,
+        "measured_over_analytic": (fwd + bwd + recompute) / analytic_flops if analytic_flops else None,
+        "iter_latency_s": iter_s,
+        "fwd_latency_s": bounding["fwd_latency_s"],
+        "bwd_latency_s": bounding["bwd_latency_s"],
+        "step_latency_s": bounding["step_latency_s"],
+        "tflops_per_gpu": (fwd + bwd + recompute) / iter_s / (pp * tp) / 1e12,
+        "model_tflops_per_gpu": model_tflops,
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": samples_per_s * seq if seq else None,
+        "peak_tflops": peak,
+        "mfu": model_tflops / peak if peak else None,
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "step": int(meta["step"]),
+        "parallelism": {
+            "world_size": int(meta["world_size"]),
+            "pipeline_parallel_size": int(pp),
+            "tensor_parallel_size": int(tp),
+            "data_parallel_size": int(dp),
+            "micro_batches": int(meta["micro_batches"]),
+            "micro_batch_size": int(meta["micro_batch_size"]),
+            "seq_length": seq,
+        },
+        "activation_checkpointing": bool(meta["activation_checkpointing"]),
+        "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
+        "totals": totals,
+        "bounding_stage": bounding["stage_id"],
+        "stages": stages,
+        "model_tree": model_tree,
+        "notes": dict(NOTES),
+    }
+
