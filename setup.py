@@ -6,6 +6,7 @@ setup(
     version="0.1.0",
     description="GPT pre-training on DeepSpeed with a FLOPs profiler that is correct under pipeline parallelism",
     packages=find_packages(include=["megatron", "megatron.*", "patches", "patches.*"]),
+    package_data={"megatron.profiler": ["flops-profile.schema.json"]},
     python_requires=">=3.9",
     # apex is optional and never a dependency: the registry's `apex` is an unrelated package.
     install_requires=[

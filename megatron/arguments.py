@@ -277,7 +277,6 @@ def _build_deepspeed_config(args):
                 f"micro batch {micro} x micro-batches {gas} x data-parallel {dp})")
         config[key] = value
     config.setdefault("steps_per_print", 10**9)  # Megatron prints its own log lines
-    config.setdefault("gradient_clipping", args.clip_grad)
     for flag, key in (("fp16", "fp16"), ("bf16", "bf16")):
         section = config.get(key, {})
         if getattr(args, flag):
@@ -287,6 +286,14 @@ def _build_deepspeed_config(args):
     args.fp16 = bool(config.get("fp16", {}).get("enabled", False))
     args.bf16 = bool(config.get("bf16", {}).get("enabled", False))
     _require(not (args.fp16 and args.bf16), "the DeepSpeed config enables both fp16 and bf16")
+    # Clipping happens in our optimizer (megatron/optimizer.py), by the true global norm; DeepSpeed's
+    # own fp32 clipping miscounts under a pipeline. Its fp16/bf16 optimizers still clip themselves.
+    args.clip_grad = config.get("gradient_clipping", args.clip_grad)
+    if args.fp16 or args.bf16:
+        config["gradient_clipping"] = args.clip_grad
+        args.clip_grad = 0.0
+    else:
+        config["gradient_clipping"] = 0.0
     _validate_flops_profiler_section(config.get("flops_profiler"))
     return config
 

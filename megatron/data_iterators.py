@@ -9,9 +9,11 @@ import torch
 
 
 class SyntheticGPTDataset:
-    """Random token sequences, reproducible per sample index (no file, no tokenizer).
+    """Learnable random sequences, reproducible per sample index (no file, no tokenizer).
 
-    Used only when no --data-path is given; the log says so.
+    Each sample repeats a random 8-token motif drawn from a skewed (Zipf-like) distribution over
+    the vocabulary: a model learns the frequencies first, then to copy the motif, so the loss
+    falls. Used only when no --data-path is given; the log says so.
     """
 
     def __init__(self, num_samples, seq_length, vocab_size, seed):
@@ -25,7 +27,9 @@ class SyntheticGPTDataset:
 
     def __getitem__(self, index):
         rng = np.random.default_rng([self.seed, index])
-        return {"text": rng.integers(0, self.vocab_size, size=self.seq_length + 1, dtype=np.int64)}
+        weights = 1.0 / np.arange(1, self.vocab_size + 1)
+        motif = rng.choice(self.vocab_size, size=8, p=weights / weights.sum())
+        return {"text": np.resize(motif, self.seq_length + 1).astype(np.int64)}
 
 
 def micro_batch_indices(consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank):

@@ -14,6 +14,7 @@ from megatron.data_iterators import pipeline_batches
 from megatron.global_vars import get_args
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
+from megatron.optimizer import ClippedAdamW, mark_tied_duplicates
 from megatron.utils import print_rank_0, print_rank_last
 
 
@@ -61,8 +62,11 @@ def get_param_groups(module):
 def setup_model_and_optimizer(model_provider):
     args = get_args()
     module = model_provider()
-    optimizer = torch.optim.AdamW(get_param_groups(module), lr=args.lr, weight_decay=args.weight_decay,
-                                  betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
+    if isinstance(module, deepspeed.pipe.PipelineModule):
+        mark_tied_duplicates(module)
+    optimizer = ClippedAdamW(get_param_groups(module), clip_grad=args.clip_grad, lr=args.lr,
+                             weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2),
+                             eps=args.adam_eps)
     lr_scheduler = AnnealingLR(optimizer, max_lr=args.lr, min_lr=args.min_lr, warmup_steps=args.lr_warmup_iters,
                                decay_steps=args.lr_decay_iters, decay_style=args.lr_decay_style)
     engine, optimizer, _, lr_scheduler = deepspeed.initialize(
@@ -157,6 +161,7 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     loss = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
     profiler.stop_profile()
     profiler.print_model_profile(profile_step=step)
+    os.makedirs(args.profile_flops_output, exist_ok=True)
     profiler.write_json(os.path.join(args.profile_flops_output, f"flops_profile_step{step}.json"))
     profiler.end_profile()
     return loss

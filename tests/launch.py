@@ -13,7 +13,7 @@ TINY_GPT = [
     "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "16", "--max-position-embeddings", "16",
     "--micro-batch-size", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "2",
-    "--hidden-dropout", "0", "--attention-dropout", "0", "--synthetic-vocab-size", "200",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--synthetic-vocab-size", "192",
     "--make-vocab-size-divisible-by", "8", "--log-interval", "1", "--eval-iters", "0", "--seed", "1234",
 ]
 

@@ -1,0 +1,50 @@
+"""A plain DeepSpeed pipeline script (no megatron code but the patches): 3 stages, a tied layer,
+and the DeepSpeed config's flops_profiler section enabled."""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import deepspeed
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+import patches
+
+WIDTH = 16
+
+
+def tied_head(linear, x):
+    # The tied module reused through forward_fn: a plain call, credited to the tied module.
+    return F.linear(x, linear.weight)
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    patches.apply()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    layers = [
+        TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH),
+        LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.ReLU),
+        LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.ReLU),
+        TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH, forward_fn=tied_head),
+    ]
+    module = PipelineModule(layers=layers, num_stages=3, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    generator = torch.Generator().manual_seed(1)
+
+    def batches():
+        while True:
+            x = torch.randn(config["train_micro_batch_size_per_gpu"], WIDTH, generator=generator)
+            yield x, x.flip(-1)
+
+    data = batches()
+    for _ in range(4):
+        loss = engine.train_batch(data_iter=data)
+    if torch.distributed.get_rank() == 0:
+        print(f"final loss {loss.item():.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

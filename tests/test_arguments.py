@@ -1,0 +1,74 @@
+"""Flags that cannot work together stop the run at start: one line naming the problem, exit code 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launch import REPO, TINY_GPT, launch
+
+BASE = TINY_GPT + ["--train-iters", "5"]
+
+# (extra flags, world size, words the one-line message must contain)
+BAD_COMBINATIONS = [
+    (["--tensor-model-parallel-size", "3"], 6, "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
+    (["--global-batch-size", "6"], 4, "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 4"),
+    (["--pipeline-model-parallel-size", "8"], 8, "--pipeline-model-parallel-size 8 exceeds --num-layers 4"),
+    (["--tensor-model-parallel-size", "2"], 3, "world size 3 is not divisible by tensor (2) x pipeline (1)"),
+    (["--hidden-size", "30"], 1, "--hidden-size 30 is not divisible by --num-attention-heads 4"),
+    (["--seq-length", "32"], 1, "--seq-length 32 exceeds --max-position-embeddings 16"),
+    (["--fp16", "--bf16"], 1, "--fp16 and --bf16 cannot both be set"),
+    (["--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"], 2, "--no-pipeline-parallel needs"),
+    (["--profile-flops-step", "0"], 1, "argument --profile-flops-step: expected a positive integer, got 0"),
+    (["--profile-flops-step", "-3"], 1, "expected a positive integer, got -3"),
+    (["--profile-flops-step", "two"], 1, "expected a positive integer, got 'two'"),
+    (["--profile-flops-step", "6"], 1, "--profile-flops-step 6 is beyond --train-iters 5"),
+    (["--profile-flops-step", "2", "--profile-flops-output", "/proc/no/such/dir"], 1, "is not a writable directory"),
+    (["--lr-decay-style", "square"], 1, "argument --lr-decay-style: invalid choice"),
+]
+
+
+def run_direct(extra, world_size, tmp_path):
+    env = {"WORLD_SIZE": str(world_size), "RANK": "0", "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, str(REPO / "pretrain_gpt.py")] + BASE + extra,
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_exit_2(process, expected):
+    lines = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert process.returncode == 2, process.stderr[-2000:]
+    assert len(lines) == 1, process.stderr[-2000:]
+    assert expected in lines[0]
+    assert "Traceback" not in process.stderr + process.stdout
+
+
+@pytest.mark.parametrize("extra,world_size,expected", BAD_COMBINATIONS)
+def test_bad_flags_exit_2_with_one_line(extra, world_size, expected, tmp_path):
+    assert_one_line_exit_2(run_direct(extra, world_size, tmp_path), expected)
+
+
+def test_deepspeed_config_contradicting_flags(tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}))
+    process = run_direct(["--global-batch-size", "4", "--deepspeed", "--deepspeed_config", str(config)], 1, tmp_path)
+    assert_one_line_exit_2(process, "DeepSpeed config train_batch_size=8 contradicts the flags (which give 4")
+
+
+@pytest.mark.parametrize("section,expected", [
+    ({"enabled": True, "profile_stepp": 2}, "flops_profiler has unknown key 'profile_stepp'"),
+    ({"enabled": "yes"}, "flops_profiler.enabled has the wrong type: str"),
+    ({"enabled": True, "module_depth": 1.5}, "flops_profiler.module_depth has the wrong type: float"),
+])
+def test_bad_flops_profiler_section(section, expected, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"flops_profiler": section}))
+    process = run_direct(["--deepspeed", "--deepspeed_config", str(config)], 1, tmp_path)
+    assert_one_line_exit_2(process, expected)
+
+
+def test_every_launched_rank_exits_2_without_hanging(tmp_path):
+    """Under the deepspeed launcher with 4 ranks, the launcher itself ends with code 2."""
+    process = launch(REPO / "pretrain_gpt.py", 4, BASE + ["--tensor-model-parallel-size", "3"], cwd=tmp_path, timeout=120)
+    assert process.returncode == 2, process.stderr[-3000:]
+    assert "Traceback" not in process.stderr + process.stdout
+    assert (process.stderr + process.stdout).count("error: --num-attention-heads 4 is not divisible") == 1

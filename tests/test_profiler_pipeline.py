@@ -1,0 +1,148 @@
+"""The pipeline-aware FLOPs profiler on the real PipelineEngine: pretrain_gpt.py --profile-flops-step."""
+import json
+
+import pytest
+
+from launch import REPO, TINY_GPT, explain, launch, run_pretrain
+from megatron.profiler.report import validate_report
+
+HEADER = "DeepSpeed Flops Profiler"
+PP2_TP2 = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--global-batch-size", "8"]
+ITERS = 4
+
+
+def tiny_shape():
+    value = dict(zip(TINY_GPT[::2], TINY_GPT[1::2]))
+    h, s, layers = int(value["--hidden-size"]), int(value["--seq-length"]), int(value["--num-layers"])
+    vocab = 192  # the synthetic vocabulary, already a multiple of 8 x tp 2: no padding
+    return h, s, layers, vocab
+
+
+def dense_params(h, s, layers, vocab, ffn):
+    layer = (3 * h * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 4 * h
+    return vocab * h + s * h + layers * layer + 2 * h
+
+
+def expected_flops(sequences):
+    """Forward by the spec's formula; backward: GEMMs 2x, attention as the CPU flash kernel runs it."""
+    h, s, layers, vocab = tiny_shape()
+    attention_fwd = layers * 4 * sequences * s * s * h
+    layer_fwd = layers * 24 * sequences * s * h * h + attention_fwd
+    fwd = layer_fwd + 2 * sequences * s * h * vocab
+    from megatron.profiler.flop_formulas import CPU_FLASH_BACKWARD_GEMMS  # GEMMs per 2 of forward
+    attention_bwd = attention_fwd * CPU_FLASH_BACKWARD_GEMMS // 2
+    bwd = 2 * (fwd - attention_fwd) + attention_bwd
+    return fwd, bwd, layer_fwd
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("profiled")
+    flags = PP2_TP2 + ["--train-iters", str(ITERS), "--checkpoint-activations", "--profile-flops-step", "2",
+                       "--profile-flops-output", tmp / "profile"]
+    process, losses = run_pretrain(tmp, 4, flags, name="profiled")
+    assert process.returncode == 0, explain(process)
+    report = json.loads((tmp / "profile" / "flops_profile_step2.json").read_text())
+    return process, losses, report
+
+
+def test_one_report_printed_once(profiled):
+    process, _, report = profiled
+    output = process.stdout + process.stderr
+    assert output.count(HEADER) == 1
+    assert output.count("Profile Summary at step 2:") == 1
+    validate_report(report)
+    assert report["step"] == 2
+    assert report["parallelism"]["pipeline_parallel_size"] == 2 and report["parallelism"]["tensor_parallel_size"] == 2
+    assert [stage["global_ranks"] for stage in report["stages"]] == [[0, 1], [2, 3]]
+
+
+def test_flops_and_params_exact(profiled):
+    _, _, report = profiled
+    h, s, layers, vocab = tiny_shape()
+    sequences = 2 * 4  # micro-batch size x micro-batches
+    fwd, bwd, layer_fwd = expected_flops(sequences)
+    totals = report["totals"]
+    assert totals["fwd_flops"] == fwd
+    assert totals["bwd_flops"] == bwd
+    assert 2.0 <= totals["bwd_flops"] / totals["fwd_flops"] <= 2.25
+    assert totals["recompute_flops"] == layer_fwd
+    assert totals["params"] == dense_params(h, s, layers, vocab, 4 * h)
+    assert report["activation_checkpointing"] is True
+
+
+def _walk(node):
+    yield node
+    for child in node["children"]:
+        yield from _walk(child)
+
+
+def test_module_trees_are_inclusive(profiled):
+    _, _, report = profiled
+    for stage in report["stages"]:
+        for node in _walk(stage["modules"]):
+            if not node["children"]:
+                continue
+            for kind in ("fwd", "bwd", "recompute"):
+                assert sum(c[f"{kind}_flops"] for c in node["children"]) <= node[f"{kind}_flops"], node["name"]
+                children_s = sum(c[f"{kind}_latency_s"] for c in node["children"])
+                assert children_s <= node[f"{kind}_latency_s"] + 1e-3, (node["name"], kind)
+
+
+def test_every_stage_times_its_instructions(profiled):
+    _, _, report = profiled
+    for stage in report["stages"]:
+        instructions = stage["instructions"]
+        assert instructions["BackwardPass"]["total_s"] > 0
+        assert instructions["ForwardPass"]["count"] == 4 and instructions["BackwardPass"]["count"] == 4
+        assert instructions["OptimizerStep"]["count"] == 1
+        covered = sum(i["total_s"] for i in instructions.values())
+        assert covered >= 0.95 * stage["train_batch_latency_s"], stage["stage_id"]
+
+
+def test_profiling_leaves_losses_bitwise_identical(profiled, tmp_path):
+    _, profiled_losses, _ = profiled
+    flags = PP2_TP2 + ["--train-iters", str(ITERS), "--checkpoint-activations"]
+    process, plain_losses = run_pretrain(tmp_path, 4, flags, name="plain")
+    assert process.returncode == 0, explain(process)
+    assert sorted(plain_losses) == list(range(1, ITERS + 1))
+    assert plain_losses == profiled_losses  # float equality on every iteration, profiled one included
+
+
+def test_no_recompute_without_checkpointing(tmp_path):
+    flags = PP2_TP2 + ["--train-iters", "2", "--profile-flops-step", "1", "--profile-flops-output", tmp_path]
+    process, _ = run_pretrain(tmp_path, 4, flags)
+    assert process.returncode == 0, explain(process)
+    report = json.loads((tmp_path / "flops_profile_step1.json").read_text())
+    assert report["activation_checkpointing"] is False
+    for stage in report["stages"]:
+        assert all(node["recompute_flops"] == 0 and node["recompute_latency_s"] == 0 for node in _walk(stage["modules"]))
+    fwd, bwd, _ = expected_flops(8)
+    assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"], report["totals"]["recompute_flops"]) == (fwd, bwd, 0)
+
+
+def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
+    """--no-pipeline-parallel: a DeepSpeedEngine (pp=1, tp=2), profiled by the same flag."""
+    flags = ["--no-pipeline-parallel", "--tensor-model-parallel-size", "2", "--global-batch-size", "8",
+             "--train-iters", "2", "--profile-flops-step", "2", "--profile-flops-output", tmp_path]
+    process, _ = run_pretrain(tmp_path, 2, flags)
+    assert process.returncode == 0, explain(process)
+    assert (process.stdout + process.stderr).count(HEADER) == 1
+    report = json.loads((tmp_path / "flops_profile_step2.json").read_text())
+    validate_report(report)
+    fwd, bwd, _ = expected_flops(8)
+    assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"]) == (fwd, bwd)
+    assert report["stages"][0]["instructions"]["BackwardPass"]["count"] == 4
+
+
+def test_config_section_on_a_plain_pipeline_module(tmp_path):
+    """3 stages, a tied layer, DeepSpeed's flops_profiler section: one report, and no 0.19.8 crash."""
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+              "flops_profiler": {"enabled": True, "profile_step": 2, "module_depth": -1, "top_modules": 2,
+                                 "detailed": True}}
+    process = launch(REPO / "tests" / "scripts" / "plain_pipeline.py", 3, [json.dumps(config)], cwd=tmp_path)
+    assert process.returncode == 0, explain(process)
+    output = process.stdout + process.stderr
+    assert output.count(HEADER) == 1
+    assert "Profile Summary at step 2:" in output
+    assert "bwd_microstep timer has already been started" not in output
