@@ -24,13 +24,13 @@ def dense_params(h, s, layers, vocab, ffn):
 
 
 def expected_flops(sequences):
-    """Forward by the spec's formula; backward: GEMMs 2x, attention as the CPU flash kernel runs it."""
+    """Forward by the spec's formula; backward: GEMMs 2x, attention as the CPU flash kernel runs it:
+    it recomputes Q K^T, then dV, dP, dQ, dK, so 5 GEMMs where the forward has 2 (2.5x)."""
     h, s, layers, vocab = tiny_shape()
     attention_fwd = layers * 4 * sequences * s * s * h
     layer_fwd = layers * 24 * sequences * s * h * h + attention_fwd
     fwd = layer_fwd + 2 * sequences * s * h * vocab
-    from megatron.profiler.flop_formulas import CPU_FLASH_BACKWARD_GEMMS  # GEMMs per 2 of forward
-    attention_bwd = attention_fwd * CPU_FLASH_BACKWARD_GEMMS // 2
+    attention_bwd = attention_fwd * 5 // 2
     bwd = 2 * (fwd - attention_fwd) + attention_bwd
     return fwd, bwd, layer_fwd
 
@@ -140,7 +140,9 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
     config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
               "flops_profiler": {"enabled": True, "profile_step": 2, "module_depth": -1, "top_modules": 2,
                                  "detailed": True}}
-    process = launch(REPO / "tests" / "scripts" / "plain_pipeline.py", 3, [json.dumps(config)], cwd=tmp_path)
+    config_path = tmp_path / "ds_config.json"
+    config_path.write_text(json.dumps(config))
+    process = launch(REPO / "tests" / "scripts" / "plain_pipeline.py", 3, [config_path], cwd=tmp_path)
     assert process.returncode == 0, explain(process)
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1

@@ -39,7 +39,8 @@ NOTES = {
     "flops": "matrix work only (GEMM, attention, convolution), 2 flops per multiply-accumulate; "
              "fwd = forward pass, bwd = backward kernels as executed, "
              "recompute = forward re-run inside backward by activation checkpointing",
-    "stage_merge": "a stage's counts are summed over its tp ranks, its times are the largest over them, "
+    "stage_merge": "a stage's counts are summed over its tp ranks, its times are the largest over them "
+                   "(module latencies all from the rank slowest in that phase), "
                    "instruction and module call counts are one rank's",
     "params": "params of model = sum over stages of the tp shards' params, parameters replicated over tp "
               "(norms, row-parallel biases) and tied modules counted once",
@@ -111,13 +112,23 @@ def _shape(node):
 
 
 def merge_tp_trees(trees):
-    """One stage's tree from its tp ranks' trees (same structure on every rank, listed by tp rank)."""
+    """One stage's tree from its tp ranks' trees (same structure on every rank, listed by tp rank).
+
+    Latencies of every node come from one rank per phase, the rank whose whole stage was slowest in
+    that phase: taking each node's own maximum could mix ranks and make children outgrow their parent.
+    """
     first = trees[0]
     for tree in trees[1:]:
         if _shape(tree) != _shape(first):
             raise ValueError(f"tp ranks disagree on module {first['name']!r}: "
                              f"{tree['name']!r} {tree['type']} with {len(tree['children'])} children vs "
                              f"{first['type']} with {len(first['children'])}")
+    slowest = {field: max(range(len(trees)), key=lambda i: trees[i][field]) for field in LATENCY_FIELDS}
+    return _merge_tp_nodes(trees, slowest)
+
+
+def _merge_tp_nodes(trees, slowest):
+    first = trees[0]
     replicated = first["replicated_params"]
     merged = {"name": first["name"], "type": first["type"],
               # each rank holds its shard plus a full copy of the replicated part: count that once
@@ -128,8 +139,9 @@ def merge_tp_trees(trees):
     for field in CALL_FIELDS:  # every tp rank runs the module as often: calls are per rank
         merged[field] = max(t[field] for t in trees)
     for field in LATENCY_FIELDS:
-        merged[field] = max(t[field] for t in trees)
-    merged["children"] = [merge_tp_trees([t["children"][i] for t in trees]) for i in range(len(first["children"]))]
+        merged[field] = trees[slowest[field]][field]
+    merged["children"] = [_merge_tp_nodes([t["children"][i] for t in trees], slowest)
+                          for i in range(len(first["children"]))]
     return merged
 
 

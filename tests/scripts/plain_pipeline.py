@@ -19,7 +19,8 @@ def tied_head(linear, x):
 
 
 def main():
-    config = json.loads(sys.argv[1])
+    with open(sys.argv[-1]) as f:  # the launcher puts --local_rank=N first
+        config = json.load(f)
     patches.apply()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
