@@ -11,6 +11,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import tokenizers  # test dependency (setup.py extras "test")
 
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 from megatron.tokenizer.gpt2_bpe import bytes_to_unicode
@@ -58,11 +59,15 @@ def real_text(min_bytes=3_000_000):
     return text
 
 
-def test_same_ids_as_tokenizers_library_on_multi_mb_text(demo_tokenizer):
-    tokenizers = pytest.importorskip("tokenizers")
-    reference = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(DEMO / "vocab.json"),
-                                                                    str(DEMO / "merges.txt")))
-    reference.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+@pytest.fixture(scope="module")
+def reference():
+    """The `tokenizers` library's byte-level BPE on the same files, configured as GPT-2."""
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(DEMO / "vocab.json"), str(DEMO / "merges.txt")))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return tok
+
+
+def test_same_ids_as_tokenizers_library_on_multi_mb_text(demo_tokenizer, reference):
     text = real_text()
     ours = demo_tokenizer.tokenize(text)
     assert ours == reference.encode(text).ids
@@ -102,12 +107,14 @@ def bytes_to_unicode_id(byte):
     return [b for b, _ in bytes_to_unicode()].index(byte)
 
 
-def test_any_utf8_text_round_trips(demo_tokenizer):
+def test_any_utf8_text_round_trips(demo_tokenizer, reference):
     rng = random.Random(0)
     ranges = [(0, 0x7F), (0x80, 0x7FF), (0x800, 0xD7FF), (0xE000, 0xFFFF), (0x10000, 0x10FFFF)]
     for _ in range(300):
         text = "".join(chr(rng.randint(*rng.choice(ranges))) for _ in range(rng.randint(0, 40)))
-        assert demo_tokenizer.detokenize(demo_tokenizer.tokenize(text)) == text
+        ids = demo_tokenizer.tokenize(text)
+        assert demo_tokenizer.detokenize(ids) == text
+        assert ids == reference.encode(text).ids
     assert demo_tokenizer.tokenize("") == []
 
 
