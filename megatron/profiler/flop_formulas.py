@@ -1,0 +1,152 @@
+"""FLOP formulas the profiler needs beyond `torch.utils.flop_counter`'s registry.
+
+Two kinds:
+
+1. aten formulas, added to torch's own registry through its public `register_flop_formula`, for the
+   CPU scaled-dot-product-attention kernels torch does not cover. Importing this module registers
+   them once (it skips any op torch already knows, so a newer torch keeps its own formula).
+2. per-module formulas, for modules whose kernels never reach the aten dispatcher (apex's fused
+   layer norm, Megatron's fused softmax), so no dispatch mode can see them.
+
+Conventions (specs/flops-profile.md): 2 FLOPs per multiply-accumulate, attention counted dense
+(no causal discount), matrix-class work only in fwd/bwd/recompute_flops.
+
+Which op `F.scaled_dot_product_attention` reaches on CPU (torch 2.13, checked for float32 and bfloat16,
+with and without `is_causal`):
+- dropout_p == 0: `aten._scaled_dot_product_flash_attention_for_cpu` and, in backward,
+  `aten._scaled_dot_product_flash_attention_for_cpu_backward`. Counted by the formulas below.
+- dropout_p > 0: the math fallback, which decomposes into `aten.bmm` (Q K^T, P V forward; dV, dP, dQ,
+  dK backward: 4 bmm = 2x forward). torch's bmm formula counts those.
+On CUDA the flash / memory-efficient / cuDNN ops are in torch's registry already.
+"""
+import torch
+from torch.utils import flop_counter
+
+aten = torch.ops.aten
+
+
+def _attention_shapes(query_shape, key_shape, value_shape):
+    batch, heads, q_len, head_dim = query_shape
+    k_len, v_dim = key_shape[-2], value_shape[-1]
+    # Grouped-query attention: every query head attends over its (shared) key/value head.
+    return batch * heads, q_len, k_len, head_dim, v_dim
+
+
+def attention_forward_flops(query_shape, key_shape, value_shape):
+    """Dense attention forward: S = Q K^T and O = P V, 2 GEMMs."""
+    bh, q_len, k_len, head_dim, v_dim = _attention_shapes(query_shape, key_shape, value_shape)
+    return 2 * bh * q_len * k_len * (head_dim + v_dim)
+
+
+def flash_attention_backward_flops(query_shape, key_shape, value_shape):
+    """What a flash-style attention backward executes: 5 GEMMs, 2.5x the forward when v_dim == head_dim.
+
+    PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
+    `cpu_flash_attention_backward`) runs, per (query block, key block):
+        P  = exp(scale * Q K^T - logsumexp)   (recomputes the scores: a head_dim GEMM)
+        dV += P^T dO                          (v_dim)
+        dP  = dO V^T                          (v_dim)
+        dQ += scale * dS K                    (head_dim)
+        dK += scale * dS^T Q                  (head_dim)
+    torch's CUDA formula (`sdpa_backward_flop_count`, used for the flash, memory-efficient and cuDNN
+    backward ops) counts the same 5 GEMMs. Like the forward, the count is dense: the CPU kernel does
+    skip key blocks entirely above the causal diagonal, but the convention has no causal discount.
+    """
+    bh, q_len, k_len, head_dim, v_dim = _attention_shapes(query_shape, key_shape, value_shape)
+    return 2 * bh * q_len * k_len * (3 * head_dim + 2 * v_dim)
+
+
+def _register_cpu_attention_formulas():
+    # register_flop_formula wraps each formula so it receives shapes; out_shape is the op's output.
+    if aten._scaled_dot_product_flash_attention_for_cpu not in flop_counter.flop_registry:
+        @flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+        def _cpu_flash_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+            return attention_forward_flops(query_shape, key_shape, value_shape)
+
+    if aten._scaled_dot_product_flash_attention_for_cpu_backward not in flop_counter.flop_registry:
+        @flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+        def _cpu_flash_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                                          out_shape=None, **kwargs):
+            return flash_attention_backward_flops(query_shape, key_shape, value_shape)
+
+
+_register_cpu_attention_formulas()
+
+
+# ---------------------------------------------------------------- per-module formulas
+MATRIX, OTHER = "matrix", "other"
+
+
+class ModuleFlops:
+    """How to count one module call: forward = fn(module, inputs, output).
+
+    Backward = bwd_fn(module, inputs, output) when given, else round(bwd_factor * forward). It is
+    credited when that call's backward actually runs. kind 'matrix' counts into fwd/bwd/recompute_flops,
+    kind 'other' into fwd/bwd/recompute_other_flops. These formulas add to what the aten dispatch mode
+    sees inside the module, so only register modules whose kernels bypass aten.
+    """
+    __slots__ = ("fn", "kind", "bwd_fn", "bwd_factor")
+
+    def __init__(self, fn, kind, bwd_fn=None, bwd_factor=2.0):
+        if kind not in (MATRIX, OTHER):
+            raise ValueError(f"kind must be {MATRIX!r} or {OTHER!r}, got {kind!r}")
+        self.fn, self.kind, self.bwd_fn, self.bwd_factor = fn, kind, bwd_fn, bwd_factor
+
+    def forward(self, module, inputs, output):
+        return int(self.fn(module, inputs, output))
+
+    def backward(self, module, inputs, output, forward_flops):
+        if self.bwd_fn is not None:
+            return int(self.bwd_fn(module, inputs, output))
+        return int(round(self.bwd_factor * forward_flops))
+
+
+_MODULE_FLOPS = {}
+
+
+def register_module_flops(module_type_or_name, fn, kind=OTHER, *, bwd_fn=None, bwd_factor=2.0):
+    """Count calls of a module class (a type, or a class name for classes that may not import).
+
+    A module matches the first class of its MRO registered by type or by name, so subclasses inherit
+    the entry (e.g. apex's MixedFusedLayerNorm, a FusedLayerNorm). A profiler reads the registry
+    when it is constructed.
+    """
+    _MODULE_FLOPS[module_type_or_name] = ModuleFlops(fn, kind, bwd_fn, bwd_factor)
+
+
+def module_flops_for(module):
+    for cls in type(module).__mro__:
+        entry = _MODULE_FLOPS.get(cls) or _MODULE_FLOPS.get(cls.__name__)
+        if entry is not None:
+            return entry
+    return None
+
+
+def _first_tensor(inputs):
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def layer_norm_flops(module, inputs, output):
+    """Per element: mean (1), centre (1), square (1), variance (1), normalise (1); affine adds 2."""
+    x = _first_tensor(inputs)
+    if x is None:
+        return 0
+    per_element = 7 if getattr(module, "elementwise_affine", True) else 5
+    return per_element * x.numel()
+
+
+def scale_mask_softmax_flops(module, inputs, output):
+    """Per score: scale (1), mask (1), max (1), subtract (1), exp (1), sum (1), divide (1)."""
+    x = _first_tensor(inputs)
+    return 0 if x is None else 7 * x.numel()
+
+
+# apex is never installed here: match its classes (and Megatron's fused softmax) by name. torch's
+# LayerNorm gets the same entry so a model reports the same numbers with and without apex.
+for _name in ("FusedLayerNorm", "MixedFusedLayerNorm"):
+    register_module_flops(_name, layer_norm_flops, OTHER)
+register_module_flops(torch.nn.LayerNorm, layer_norm_flops, OTHER)
+register_module_flops("FusedScaleMaskSoftmax", scale_mask_softmax_flops, OTHER)

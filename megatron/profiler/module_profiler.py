@@ -1,0 +1,460 @@
+"""ModuleProfiler: FLOPs and latency of one module tree, split into forward, backward and recompute.
+
+    prof = ModuleProfiler(stage_module, synchronize=get_accelerator().synchronize)
+    prof.start()
+    ...                    # any forward / backward / checkpoint-recompute activity
+    prof.stop()
+    prof.tree()            # the report schema's module node, inclusive, plus *_other_flops and *_calls
+    prof.remove()          # every hook gone: the module runs exactly as before
+
+How it measures
+- FLOPs: a TorchDispatchMode sees every aten op. Ops in `torch.utils.flop_counter`'s registry (GEMMs,
+  convolutions, attention; see flop_formulas.py for the CPU attention kernels added to it) are
+  counted, others cost one dict lookup. Each counted op goes to the innermost module call on the
+  stack below, in the phase the op runs in (phases.py). Ops outside any call go to the root.
+- Forward and recompute calls: forward pre/post hooks push and pop the stack. A call that starts
+  inside an autograd graph task is a recompute (activation checkpointing), so a checkpointed layer's
+  two runs per micro-batch land in different phases.
+- Backward calls, without wrapping any tensor (nn.Module's full backward hooks wrap inputs and outputs
+  in an identity autograd Function, which breaks in-place ops on them and warns on no-grad inputs):
+  a call's backward starts when the autograd node producing one of its outputs is about to run
+  (a Node pre-hook) and ends when the gradients of all its inputs that need one are computed
+  (a hook on each input tensor). A call whose inputs need no gradient (an embedding fed token ids),
+  or one with an input whose gradient is never computed, ends when the backward of a module outside
+  its subtree starts, when its parent ends, or at the end of the graph task. Backward entries
+  therefore always form a chain of ancestors. No hook holds an autograd node: a graph recorded while
+  profiling and never run backward is freed as usual.
+- Nesting: every entry pushed in a phase has all its tree ancestors on the stack in that phase. Those
+  not running a call of their own (the pipeline module while its layers recompute inside backward,
+  or while a child's backward starts a hook earlier than the parent's at the same autograd node) get
+  an implicit entry that opens and closes with the entry that needed it. A module's latency is the
+  time during which it has at least one entry in that phase, so children never exceed their parent.
+- Latency: `synchronize()` then `time.perf_counter()` at every push and pop. Only the phase on top of
+  the stack is timed, so the three phases never share a second: a recompute running inside a backward
+  (reentrant checkpoint in the pipeline module's backward, or non-reentrant recompute inside a layer's
+  backward node) counts as recompute, not also as backward.
+"""
+import functools
+import time
+
+import torch
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from megatron.profiler.flop_formulas import MATRIX, module_flops_for
+from megatron.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
+
+_graph_task_id = torch._C._current_graph_task_id
+
+
+class _Node:
+    """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
+    __slots__ = ("name", "type", "params", "children", "ancestors", "ancestor_set", "formula",
+                 "flops", "other_flops", "latency_s", "calls", "active", "since", "open_calls")
+
+    def __init__(self, name, module_type, ancestors, formula):
+        self.name, self.type, self.formula = name, module_type, formula
+        self.ancestors = ancestors  # root first
+        self.ancestor_set = frozenset(ancestors)
+        self.params = 0
+        self.children = []
+        self.flops = [0, 0, 0]
+        self.other_flops = [0, 0, 0]
+        self.latency_s = [0.0, 0.0, 0.0]
+        self.calls = [0, 0, 0]
+        self.active = [0, 0, 0]  # entries on the stack, per phase
+        self.since = [0.0, 0.0, 0.0]  # the phase clock when the node became active, per phase
+        self.open_calls = []  # forward calls between pre-hook and post-hook
+
+
+class _Entry:
+    """A node's presence on the stack in one phase. `owner` is set on an implicit entry: the entry
+    that needed this ancestor and whose pop removes it."""
+    __slots__ = ("node", "phase", "owner", "task", "live")
+
+    def __init__(self, node, phase, owner, task):
+        self.node, self.phase, self.owner, self.task = node, phase, owner, task
+        self.live = True
+
+
+class _Call:
+    """One forward (or recompute) call of a module, and the backward that follows from it."""
+    __slots__ = ("node", "entry", "bwd_entry", "bwd_task", "bwd_done_task", "inputs", "input_grads",
+                 "pending_bwd")
+
+    def __init__(self, node):
+        self.node = node
+        self.entry = self.bwd_entry = None
+        self.bwd_task = self.bwd_done_task = None  # graph tasks in which the backward started / ended
+        self.inputs = 0  # input tensors that need a gradient
+        self.input_grads = (None, 0)  # (graph task, input gradients computed in it)
+        self.pending_bwd = None  # (counter list, flops) of a module formula, credited when backward runs
+
+
+class _FormulaCache(dict):
+    """aten overload -> torch's FLOP formula for its packet, or None: one dict lookup per op."""
+
+    def __missing__(self, func):
+        formula = flop_counter.flop_registry.get(getattr(func, "_overloadpacket", None))
+        self[func] = formula
+        return formula
+
+
+class _FlopCountingMode(TorchDispatchMode):
+    def __init__(self, credit):
+        super().__init__()
+        self.formulas = _FormulaCache()
+        self.credit = credit
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        formula = self.formulas[func]
+        if formula is not None:
+            self.credit(formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out))
+        return out
+
+
+class _ScopedCall:
+    """fn(module, *args) run as a call of `module`: forward and backward go to the module's node.
+
+    For DeepSpeed's TiedLayerSpec(forward_fn=...), which calls a plain function on the tied module
+    so that no module hook fires.
+    """
+    __slots__ = ("profiler", "node", "module", "fn")
+
+    def __init__(self, profiler, node, module, fn):
+        self.profiler, self.node, self.module, self.fn = profiler, node, module, fn
+
+    def __call__(self, *args, **kwargs):
+        profiler = self.profiler
+        if not profiler._counting:
+            return self.fn(self.module, *args, **kwargs)
+        call = profiler._enter(self.node, args, kwargs)
+        output = None
+        try:
+            output = self.fn(self.module, *args, **kwargs)
+        finally:
+            profiler._exit(call, output)
+        return output
+
+
+def _tensors(value, found):
+    """Append the tensors of nested tuples, lists and dicts to `found`."""
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _tensors(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _tensors(item, found)
+    return found
+
+
+def _output_nodes(output):
+    """The autograd nodes whose running means a call's backward has begun: each output's grad_fn and,
+    for an output that is a view, its base's grad_fn (an in-place op on the view, e.g. by the caller,
+    swaps the view's node out of the graph; the base's node stays in it)."""
+    nodes = {}
+    for tensor in _tensors(output, []):
+        for source in (tensor, tensor._base):
+            if source is not None and source.grad_fn is not None:
+                nodes[id(source.grad_fn)] = source.grad_fn
+    return nodes.values()
+
+
+def _build_tree(root, root_name):
+    """The node tree and (module, node) pairs. A module reachable twice appears once (first place);
+    each Parameter counts once, in its first owner, as the numel of the local tensor."""
+    pairs, seen_modules, seen_params = [], set(), set()
+
+    def build(module, name, ancestors):
+        seen_modules.add(id(module))
+        node = _Node(name, type(module).__name__, ancestors, module_flops_for(module))
+        pairs.append((module, node))
+        own = 0
+        for param in module.parameters(recurse=False):
+            if id(param) not in seen_params:
+                seen_params.add(id(param))
+                own += param.numel()
+        lineage = ancestors + (node,)
+        for child_name, child in module.named_children():
+            if id(child) not in seen_modules:
+                node.children.append(build(child, child_name, lineage))
+        node.params = own + sum(child.params for child in node.children)
+        return node
+
+    return build(root, root_name, ()), pairs
+
+
+def _node_dict(node):
+    children = [_node_dict(child) for child in node.children]
+    out = {"name": node.name, "type": node.type, "params": node.params}
+
+    def inclusive(field, own):
+        out[field] = own + sum(child[field] for child in children)
+
+    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
+        inclusive(f"{prefix}_flops", node.flops[phase])
+    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
+        out[f"{prefix}_latency_s"] = node.latency_s[phase]  # measured on the node: already inclusive
+    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
+        inclusive(f"{prefix}_other_flops", node.other_flops[phase])
+    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
+        out[f"{prefix}_calls"] = node.calls[phase]  # the node's own calls
+    out["children"] = children
+    return out
+
+
+def _no_sync():
+    pass
+
+
+class ModuleProfiler:
+    def __init__(self, root, synchronize=None, root_name=None):
+        self.root_module = root
+        self._synchronize = synchronize or _no_sync
+        self._root, self._pairs = _build_tree(root, root_name or type(root).__name__)
+        self._node_of = {id(module): node for module, node in self._pairs}
+        self._mode = _FlopCountingMode(self._credit)
+        self._module_hooks = []
+        self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
+        self._watched_tasks = set()
+        self._counting = False
+        self._stack = []
+        self._clear_stack()
+
+    # ------------------------------------------------------------------ public API
+    def start(self):
+        if self._counting:
+            return
+        if not self._module_hooks:
+            for module, node in self._pairs:
+                self._module_hooks.append(module.register_forward_pre_hook(
+                    functools.partial(self._on_forward_pre, node), with_kwargs=True, prepend=True))
+                self._module_hooks.append(module.register_forward_hook(
+                    functools.partial(self._on_forward_post, node), always_call=True))
+        self._clear_stack()
+        self._mode.__enter__()
+        self._counting = True
+
+    def stop(self):
+        """Stop counting; counts stay readable. Hooks stay installed but do nothing until start()."""
+        if not self._counting:
+            return
+        self._counting = False
+        self._mode.__exit__(None, None, None)
+        self._clear_stack()
+
+    def remove(self):
+        """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
+        self.stop()
+        for handle in self._module_hooks + self._graph_hooks:
+            handle.remove()
+        self._module_hooks, self._graph_hooks = [], []
+
+    def reset(self):
+        now = self._now()
+        for _, node in self._pairs:
+            for counter in (node.flops, node.other_flops, node.calls):
+                counter[:] = [0, 0, 0]
+            node.latency_s[:] = [0.0, 0.0, 0.0]
+            node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
+
+    def tree(self):
+        return _node_dict(self._root)
+
+    def totals(self):
+        tree = self.tree()
+        return {f"{prefix}_flops": tree[f"{prefix}_flops"] for prefix in PHASE_PREFIXES}
+
+    def scoped_call(self, module, fn):
+        """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""
+        node = self._node_of.get(id(module))
+        if node is None:
+            raise ValueError(f"scoped_call: {type(module).__name__} is not in the profiled module tree")
+        return _ScopedCall(self, node, module, fn)
+
+    # ------------------------------------------------------------------ FLOPs
+    def _credit(self, flops):
+        stack = self._stack
+        node = stack[-1].node if stack else self._root
+        node.flops[current_phase()] += flops
+
+    # ------------------------------------------------------------------ the stack
+    def _now(self):
+        self._synchronize()
+        return time.perf_counter()
+
+    def _phase_clock(self, phase, now):
+        """Seconds during which `phase` was the phase of the top of the stack."""
+        elapsed = self._phase_elapsed[phase]
+        return elapsed + (now - self._top_since) if phase == self._top_phase else elapsed
+
+    def _retop(self, now):
+        """Only the top phase's clock runs: a backward waiting on a recompute above it is paused."""
+        top = self._stack[-1].phase if self._stack else None
+        if top != self._top_phase:
+            if self._top_phase is not None:
+                self._phase_elapsed[self._top_phase] += now - self._top_since
+            self._top_phase, self._top_since = top, now
+
+    def _open(self, entry, now):
+        self._stack.append(entry)
+        self._retop(now)
+        node, phase = entry.node, entry.phase
+        if node.active[phase] == 0:
+            node.since[phase] = self._phase_clock(phase, now)
+        node.active[phase] += 1
+
+    def _close_from(self, index, now):
+        """Pop the entry at `index` and everything above it."""
+        stack = self._stack
+        for entry in stack[index:]:
+            entry.live = False
+            node, phase = entry.node, entry.phase
+            node.active[phase] -= 1
+            if node.active[phase] == 0:
+                node.latency_s[phase] += self._phase_clock(phase, now) - node.since[phase]
+        del stack[index:]
+        self._retop(now)
+
+    def _pop(self, entry, now):
+        """Pop a live entry, whatever is above it, and the implicit ancestors pushed for it."""
+        if not entry.live:
+            return
+        stack = self._stack
+        index = len(stack) - 1
+        while stack[index] is not entry:
+            index -= 1
+        while index and stack[index - 1].owner is entry:
+            index -= 1
+        self._close_from(index, now)
+
+    def _push(self, node, phase, now):
+        stack = self._stack
+        low = len(stack)
+        while low and stack[low - 1].phase == phase:
+            low -= 1
+        if phase == BACKWARD:
+            for index in range(low, len(stack)):
+                entry = stack[index]
+                if entry.node is node and entry.owner is not None:
+                    # A descendant's backward started first at the same autograd node; this node's own
+                    # start adopts the implicit entry (and the implicit ancestors below it).
+                    for below in stack[low:index]:
+                        if below.owner is entry.owner:
+                            below.owner = entry
+                    entry.owner = None
+                    return entry
+            # Backward runs subtree by subtree: whatever is not an ancestor of this node has finished.
+            for index in range(low, len(stack)):
+                if stack[index].node not in node.ancestor_set:
+                    self._close_from(index, now)
+                    break
+        task = _graph_task_id()
+        entry = _Entry(node, phase, None, task)
+        running = {other.node for other in stack[low:]}
+        for ancestor in node.ancestors:
+            if ancestor not in running:
+                self._open(_Entry(ancestor, phase, entry, task), now)
+        self._open(entry, now)
+        return entry
+
+    def _clear_stack(self):
+        for entry in self._stack:
+            entry.live = False
+        self._stack = []
+        self._top_phase, self._top_since = None, 0.0
+        self._phase_elapsed = [0.0, 0.0, 0.0]
+        for _, node in self._pairs:
+            node.active[:] = [0, 0, 0]
+            node.open_calls.clear()
+
+    # ------------------------------------------------------------------ forward / recompute calls
+    def _on_forward_pre(self, node, module, args, kwargs):
+        if self._counting:
+            self._enter(node, args, kwargs)
+
+    def _on_forward_post(self, node, module, args, output):
+        if not self._counting or not node.open_calls:
+            return
+        call = node.open_calls[-1]
+        self._exit(call, output)
+        if node.formula is not None and output is not None:
+            self._count_module_formula(node, call, module, args, output)
+
+    def _enter(self, node, args, kwargs):
+        call = _Call(node)
+        if torch.is_grad_enabled():
+            on_input_grad = functools.partial(self._on_input_grad, call)
+            for tensor in _tensors((args, kwargs), []):
+                if tensor.requires_grad:
+                    call.inputs += 1
+                    self._graph_hooks.append(tensor.register_hook(on_input_grad))
+        phase = module_call_phase()
+        call.entry = self._push(node, phase, self._now())
+        node.calls[phase] += 1
+        node.open_calls.append(call)
+        return call
+
+    def _exit(self, call, output):
+        node = call.node
+        if call not in node.open_calls:  # profiling stopped or restarted during the call
+            return
+        node.open_calls.remove(call)
+        self._pop(call.entry, self._now())
+        if output is None or not torch.is_grad_enabled():
+            return
+        on_outputs_grad = functools.partial(self._on_outputs_grad, call)
+        for grad_fn in _output_nodes(output):
+            self._graph_hooks.append(grad_fn.register_prehook(on_outputs_grad))
+
+    def _count_module_formula(self, node, call, module, args, output):
+        formula = node.formula
+        counter = node.flops if formula.kind == MATRIX else node.other_flops
+        forward = formula.forward(module, args, output)
+        counter[call.entry.phase] += forward
+        if torch.is_grad_enabled():
+            call.pending_bwd = (counter, formula.backward(module, args, output, forward))
+
+    # ------------------------------------------------------------------ backward calls
+    def _on_outputs_grad(self, call, grad_outputs):
+        if not self._counting:
+            return
+        task = _graph_task_id()
+        if call.bwd_done_task == task or (call.bwd_entry is not None and call.bwd_entry.live):
+            return  # an identity module (its inputs' gradients came first), or already running
+        call.bwd_entry = self._push(call.node, BACKWARD, self._now())
+        if call.bwd_task != task:
+            call.bwd_task = task
+            call.node.calls[BACKWARD] += 1
+            if call.pending_bwd is not None:
+                counter, flops = call.pending_bwd
+                counter[BACKWARD] += flops
+        if task not in self._watched_tasks:
+            self._watched_tasks.add(task)
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._on_task_end, task))
+
+    def _on_input_grad(self, call, grad):
+        if not self._counting:
+            return
+        task = _graph_task_id()
+        seen_task, count = call.input_grads
+        count = count + 1 if seen_task == task else 1
+        call.input_grads = (task, count)
+        if count < call.inputs:
+            return
+        call.bwd_done_task = task
+        if call.bwd_entry is not None and call.bwd_entry.live:
+            self._pop(call.bwd_entry, self._now())
+
+    def _on_task_end(self, task):
+        """End of a graph task (a backward call, or a reentrant checkpoint's inner backward)."""
+        self._watched_tasks.discard(task)
+        if not self._counting:
+            return
+        for index, entry in enumerate(self._stack):
+            if entry.task == task:
+                self._close_from(index, self._now())
+                break
