@@ -233,6 +233,23 @@ def _validate_data(args):
         except ValueError:
             raise ArgumentError(f"--split {args.split!r} is not a list of numbers like 969,30,1")
         _require(sum(split) > 0 and all(x >= 0 for x in split), f"--split {args.split!r} needs non-negative weights")
+        _check_indexed_datasets(args.data_path)
+
+
+def _check_indexed_datasets(data_path):
+    """Open every prefix's .idx/.bin now: a corrupt file must stop every rank before any collective."""
+    from megatron.data.dataset_utils import parse_blend
+    from megatron.data.indexed_dataset import IndexFileError, MMapIndexedDataset
+
+    try:
+        prefixes = data_path if len(data_path) == 1 else parse_blend(data_path)[0]
+    except ValueError as error:
+        raise ArgumentError(f"--data-path: {error}")
+    for prefix in prefixes:
+        try:
+            MMapIndexedDataset(prefix)
+        except IndexFileError as error:
+            raise ArgumentError(str(error))
 
 
 def _validate_profiler(args):

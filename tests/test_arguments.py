@@ -30,7 +30,7 @@ BAD_COMBINATIONS = [
 
 def run_direct(extra, world_size, tmp_path):
     env = {"WORLD_SIZE": str(world_size), "RANK": "0", "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, str(REPO / "pretrain_gpt.py")] + BASE + extra,
+    return subprocess.run([sys.executable, str(REPO / "pretrain_gpt.py")] + BASE + [str(a) for a in extra],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -68,7 +68,23 @@ def test_bad_flops_profiler_section(section, expected, tmp_path):
 
 def test_every_launched_rank_exits_2_without_hanging(tmp_path):
     """Under the deepspeed launcher with 4 ranks, the launcher itself ends with code 2."""
-    process = launch(REPO / "pretrain_gpt.py", 4, BASE + ["--tensor-model-parallel-size", "3"], cwd=tmp_path, timeout=120)
+    process = launch(REPO / "pretrain_gpt.py", 4, BASE + ["--global-batch-size", "6"], cwd=tmp_path, timeout=120)
     assert process.returncode == 2, process.stderr[-3000:]
     assert "Traceback" not in process.stderr + process.stdout
-    assert (process.stderr + process.stdout).count("error: --num-attention-heads 4 is not divisible") == 1
+    assert (process.stderr + process.stdout).count("error: --global-batch-size 6 is not divisible by") == 1
+
+
+def test_corrupt_index_file_exits_2_before_any_collective(tmp_path):
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
+
+    prefix = str(tmp_path / "corpus_text_document")
+    builder = MMapIndexedDatasetBuilder(data_file_path(prefix), dtype="uint16")
+    builder.add_item([1, 2, 3])
+    builder.end_document()
+    builder.finalize(index_file_path(prefix))
+    index = tmp_path / "corpus_text_document.idx"
+    index.write_bytes(index.read_bytes()[:20])  # truncated
+    vocab = REPO / "tools" / "demo_corpus"
+    process = run_direct(["--data-path", prefix, "--vocab-file", vocab / "vocab.json",
+                          "--merge-file", vocab / "merges.txt"], 4, tmp_path)
+    assert_one_line_exit_2(process, str(index))

@@ -9,7 +9,7 @@ out=demo_output
 mkdir -p "$out"
 corpus=tools/demo_corpus
 if [ ! -f "$out/demo_text_document.idx" ]; then
-  python tools/preprocess_data.py --input "$corpus/corpus.jsonl" --json-keys text \
+  python tools/preprocess_data.py --input "$corpus/docs.jsonl" --json-keys text \
     --output-prefix "$out/demo" --vocab-file "$corpus/vocab.json" --merge-file "$corpus/merges.txt" \
     --tokenizer-type GPT2BPETokenizer --append-eod --workers 2
 fi
