@@ -109,10 +109,18 @@ def test_profiling_leaves_losses_bitwise_identical(profiled, tmp_path):
     assert plain_losses == profiled_losses  # float equality on every iteration, profiled one included
 
 
-def test_no_recompute_without_checkpointing(tmp_path):
-    flags = PP2_TP2 + ["--train-iters", "2", "--profile-flops-step", "1", "--profile-flops-output", tmp_path]
+def test_no_recompute_without_checkpointing_and_the_flag_wins_over_the_config(tmp_path):
+    """No --checkpoint-activations: recompute is 0 everywhere. The config section is also enabled
+    (its profile_step 1 is iteration 2): the flag's iteration 1 is the only one profiled."""
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"flops_profiler": {"enabled": True, "profile_step": 1}}))
+    flags = PP2_TP2 + ["--train-iters", "2", "--profile-flops-step", "1", "--profile-flops-output", tmp_path,
+                       "--deepspeed", "--deepspeed_config", config]
     process, _ = run_pretrain(tmp_path, 4, flags)
     assert process.returncode == 0, explain(process)
+    output = process.stdout + process.stderr
+    assert output.count(HEADER) == 1 and "Profile Summary at step 1:" in output
+    assert "--profile-flops-step 1 takes precedence over the DeepSpeed config's flops_profiler section" in output
     report = json.loads((tmp_path / "flops_profile_step1.json").read_text())
     assert report["activation_checkpointing"] is False
     for stage in report["stages"]:
