@@ -144,7 +144,7 @@ def _announce_profiling(args, engine):
     if args.profile_flops_step is None:
         return
     if section.get("enabled"):
-        from patches.pipeline_flops_profiler import yield_to_flag
+        from patches.flops_profiler_config import yield_to_flag
 
         yield_to_flag(args.profile_flops_step)
         print_rank_0(f"> --profile-flops-step {args.profile_flops_step} takes precedence over the DeepSpeed "

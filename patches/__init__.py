@@ -27,6 +27,6 @@ def apply():
     if _applied:
         return
     check_version()
-    from patches import pipeline_flops_profiler
-    pipeline_flops_profiler.install()
+    from patches import flops_profiler_config
+    flops_profiler_config.install()
     _applied = True

@@ -1,9 +1,11 @@
 """The pipeline-aware FLOPs profiler on the real PipelineEngine: pretrain_gpt.py --profile-flops-step."""
 import json
+import re
 
 import pytest
 
 from launch import REPO, TINY_GPT, explain, launch, run_pretrain
+from megatron.profiler.printer import number_to_string
 from megatron.profiler.report import validate_report
 
 HEADER = "DeepSpeed Flops Profiler"
@@ -156,3 +158,23 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
     assert output.count(HEADER) == 1
     assert "Profile Summary at step 2:" in output
     assert "bwd_microstep timer has already been started" not in output
+
+
+def test_config_section_on_a_plain_deepspeed_engine(tmp_path):
+    """pp=1: the section gives the same gathered report (both data-parallel ranks profiled, one printed)."""
+    report_file = tmp_path / "flops_report.txt"
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "steps_per_print": 1000,
+              "flops_profiler": {"enabled": True, "profile_step": 1, "detailed": False, "output_file": str(report_file)}}
+    config_path = tmp_path / "ds_config.json"
+    config_path.write_text(json.dumps(config))
+    process = launch(REPO / "tests" / "scripts" / "plain_engine.py", 2, [config_path], cwd=tmp_path)
+    assert process.returncode == 0, explain(process)
+    text = report_file.read_text()
+    assert text.count(HEADER) == 1 and "Profile Summary at step 1:" in text
+    assert HEADER not in process.stdout + process.stderr  # output_file honoured
+    assert "Detailed Profile" not in text  # detailed: false honoured
+    # One replica, 2 micro-batches of 2 samples, two Linear layers of 32 x 128: 2 flops per MAC.
+    fwd = 2 * (2 * 2 * 32 * 128) * 2
+    assert re.search(r"fwd flops of model:\s+" + re.escape(number_to_string(fwd)) + r"\s*$", text, re.M), text
+    assert re.search(r"ForwardPass\s+2\s", text) and re.search(r"BackwardPass\s+2\s", text)

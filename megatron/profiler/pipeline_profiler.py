@@ -66,7 +66,7 @@ class PipelineFlopsProfiler:
             self._wrap_engine_method("train_batch", self._timed_train_batch)
         else:
             for method, instruction in _PLAIN_ENGINE_INSTRUCTIONS.items():
-                original = getattr(type(self.engine), method)
+                original = _unpatched(getattr(type(self.engine), method))
                 self._wrap_engine_method(method, self._bound(self.instruction_timer.timed(instruction, original)))
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
@@ -257,7 +257,7 @@ def _annotate_replicated_params(module, node):
 
 
 def _unpatched(method):
-    """patches wraps PipelineEngine.train_batch; the profiler itself runs the original."""
+    """patches wraps the engines' train_batch, forward and step; the profiler itself runs the originals."""
     return getattr(method, "__wrapped__", method)
 
 

@@ -1,0 +1,123 @@
+"""Make DeepSpeed's `flops_profiler` config section give our gathered report (DeepSpeed 0.19.x).
+
+What 0.19.8 does (shared/notes/deepspeed-facts.md): the section starts DeepSpeed's FlopsProfiler on
+global rank 0 only, prints it only from DeepSpeedEngine.step(), which PipelineEngine never calls,
+and, by forcing the wall-clock timers on, crashes every pipeline stage but the last ("bwd_microstep
+timer has already been started": _exec_backward_pass starts the backward timers, then the engine's
+own backward prologue starts them again).
+
+What these patches change:
+1. The engine's own FlopsProfiler is never started (flops_profiler_enabled() is False); the
+   section is read directly from the engine's config instead.
+2. PipelineEngine.train_batch, at the section's profile_step (DeepSpeed's meaning: the batch that
+   starts when global_steps == profile_step), runs under PipelineFlopsProfiler on every rank of
+   every stage, then prints one gathered report from global rank 0, honouring module_depth,
+   top_modules, detailed and output_file.
+3. A plain DeepSpeedEngine (no pipeline) gets the same: profiling starts at the first forward of
+   profile_step on every rank and ends, with the same report, when step() closes that step.
+4. PipelineEngine's backward prologue and epilogue leave alone the timers that the running
+   pipeline instruction already started, so the section and wall_clock_breakdown no longer crash.
+"""
+from deepspeed.runtime.engine import DeepSpeedEngine
+from deepspeed.runtime.pipe.engine import PipelineEngine
+
+_state = {"flag_step": None}
+
+
+def yield_to_flag(profile_step):
+    """--profile-flops-step was given: it wins over the config section (the caller logs that)."""
+    _state["flag_step"] = profile_step
+
+
+def install():
+    DeepSpeedEngine.flops_profiler_enabled = _engine_profiler_never_enabled
+    DeepSpeedEngine.forward = _profiling_forward(DeepSpeedEngine.forward)
+    PipelineEngine._start_timers = _start_timers_once
+    PipelineEngine._stop_timers = _stop_own_timers
+    PipelineEngine.train_batch = _profiling_train_batch(PipelineEngine.train_batch)
+
+
+def _engine_profiler_never_enabled(self):
+    return False
+
+
+def _section_active(engine):
+    """The section asks for this step, and no --profile-flops-step flag overrides it."""
+    config = engine._config.flops_profiler_config
+    return config.enabled and engine.global_steps == config.profile_step and _state["flag_step"] is None
+
+
+def _print_and_end(engine, profiler):
+    config = engine._config.flops_profiler_config
+    profiler.print_model_profile(profile_step=config.profile_step, module_depth=config.module_depth,
+                                 top_modules=config.top_modules, detailed=config.detailed,
+                                 output_file=config.output_file)
+    profiler.end_profile()
+
+
+# ---------------------------------------------------------------- PipelineEngine
+def _profiling_train_batch(original_train_batch):
+    def train_batch(self, data_iter=None):
+        if not _section_active(self):
+            return original_train_batch(self, data_iter)
+        from megatron.profiler import PipelineFlopsProfiler
+
+        profiler = PipelineFlopsProfiler(self)
+        profiler.start_profile()
+        try:
+            loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original
+        finally:
+            profiler.stop_profile()
+        _print_and_end(self, profiler)
+        return loss
+
+    train_batch.__wrapped__ = original_train_batch
+    return train_batch
+
+
+_engine_start_timers = PipelineEngine._start_timers
+_engine_stop_timers = PipelineEngine._stop_timers
+
+
+def _start_timers_once(self, timer_names):
+    left_to_owner = self.__dict__.setdefault("_timers_left_to_owner", set())
+    to_start = []
+    for name in timer_names:
+        if self.timers(name).started_:
+            left_to_owner.add(name)  # the running instruction started it and will stop it
+        else:
+            to_start.append(name)
+    _engine_start_timers(self, to_start)
+
+
+def _stop_own_timers(self, timer_names):
+    left_to_owner = self.__dict__.get("_timers_left_to_owner", set())
+    to_stop = [name for name in timer_names if name not in left_to_owner]
+    left_to_owner.difference_update(timer_names)
+    _engine_stop_timers(self, to_stop)
+
+
+# ---------------------------------------------------------------- plain DeepSpeedEngine
+def _profiling_forward(original_forward):
+    def forward(self, *inputs, **kwargs):
+        if isinstance(self, PipelineEngine) or not _section_active(self):
+            return original_forward(self, *inputs, **kwargs)
+        from megatron.profiler import PipelineFlopsProfiler
+
+        profiler = PipelineFlopsProfiler(self)
+        profiler.start_profile()  # shadows forward, backward and step on this engine with timed ones
+        timed_step = self.step
+
+        def step(*args, **kwargs):
+            steps_before = self.global_steps
+            result = timed_step(*args, **kwargs)
+            if self.global_steps != steps_before:  # the accumulation boundary closed the profiled step
+                profiler.stop_profile()
+                _print_and_end(self, profiler)  # end_profile removes this wrapper with the others
+            return result
+
+        self.step = step
+        return self.forward(*inputs, **kwargs)  # the profiler's timed forward
+
+    forward.__wrapped__ = original_forward
+    return forward

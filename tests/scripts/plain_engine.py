@@ -1,0 +1,33 @@
+"""A plain DeepSpeedEngine script (no pipeline, no megatron code but the patches) with the
+DeepSpeed config's flops_profiler section enabled; the report goes to output_file."""
+import json
+import sys
+
+import torch
+import deepspeed
+
+import patches
+
+WIDTH = 32
+
+
+def main():
+    with open(sys.argv[-1]) as f:  # the launcher puts --local_rank=N first
+        config = json.load(f)
+    patches.apply()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    generator = torch.Generator().manual_seed(torch.distributed.get_rank())
+    for _ in range(3):
+        for _ in range(engine.gradient_accumulation_steps()):
+            x = torch.randn(config["train_micro_batch_size_per_gpu"], WIDTH, generator=generator)
+            loss = torch.nn.functional.mse_loss(engine(x), x)
+            engine.backward(loss)
+            engine.step()
+
+
+if __name__ == "__main__":
+    main()
