@@ -4,13 +4,13 @@ import re
 
 import pytest
 
+from conftest import PP2_TP2_CKPT
 from launch import REPO, TINY_GPT, explain, launch, run_pretrain
 from megatron.profiler.printer import number_to_string
 from megatron.profiler.report import validate_report
 
 HEADER = "DeepSpeed Flops Profiler"
 PP2_TP2 = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--global-batch-size", "8"]
-ITERS = 4
 
 
 def tiny_shape():
@@ -40,8 +40,7 @@ def expected_flops(sequences):
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profiled")
-    flags = PP2_TP2 + ["--train-iters", str(ITERS), "--checkpoint-activations", "--profile-flops-step", "2",
-                       "--profile-flops-output", tmp / "profile"]
+    flags = PP2_TP2_CKPT + ["--profile-flops-step", "2", "--profile-flops-output", tmp / "profile"]
     process, losses = run_pretrain(tmp, 4, flags, name="profiled")
     assert process.returncode == 0, explain(process)
     report = json.loads((tmp / "profile" / "flops_profile_step2.json").read_text())
@@ -102,12 +101,10 @@ def test_every_stage_times_its_instructions(profiled):
         assert covered >= 0.95 * stage["train_batch_latency_s"], stage["stage_id"]
 
 
-def test_profiling_leaves_losses_bitwise_identical(profiled, tmp_path):
+def test_profiling_leaves_losses_bitwise_identical(profiled, pp2_tp2_plain_run):
     _, profiled_losses, _ = profiled
-    flags = PP2_TP2 + ["--train-iters", str(ITERS), "--checkpoint-activations"]
-    process, plain_losses = run_pretrain(tmp_path, 4, flags, name="plain")
-    assert process.returncode == 0, explain(process)
-    assert sorted(plain_losses) == list(range(1, ITERS + 1))
+    _, plain_losses = pp2_tp2_plain_run
+    assert sorted(plain_losses) == list(range(1, 21))
     assert plain_losses == profiled_losses  # float equality on every iteration, profiled one included
 
 
