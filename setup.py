@@ -16,6 +16,7 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "jsonschema", "tokenizers", "tensorboard"],
+        "test": ["pytest", "jsonschema", "tokenizers", "tensorboard", "matplotlib"],
+        "plot": ["matplotlib"],
     },
 )

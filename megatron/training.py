@@ -120,7 +120,8 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     while iteration < args.train_iters:
         step = iteration + 1
         if args.profile_flops_step == step:
-            loss = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler)
+            loss = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
+                                        writer)
         else:
             loss = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
         iteration = step
@@ -152,8 +153,12 @@ def _announce_profiling(args, engine):
     print_rank_0(f"> FLOPs profiler: iteration {args.profile_flops_step} will be profiled on every stage")
 
 
-def _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler):
+def _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
+                         writer=None):
+    """Profile this step on every rank; rank 0 prints the report and writes the JSON and, beside it, the
+    Chrome trace; the TensorBoard writer (on the last rank) gets the report's headline scalars."""
     from megatron.profiler import PipelineFlopsProfiler
+    from megatron.profiler.report import profile_scalars
 
     profiler = PipelineFlopsProfiler(model[0], seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args),
                                      peak_tflops=args.peak_tflops)
@@ -163,6 +168,11 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     profiler.print_model_profile(profile_step=step)
     os.makedirs(args.profile_flops_output, exist_ok=True)
     profiler.write_json(os.path.join(args.profile_flops_output, f"flops_profile_step{step}.json"))
+    profiler.write_trace(os.path.join(args.profile_flops_output, f"pipeline_trace_step{step}.json"))
+    if writer is not None:
+        for tag, value in profile_scalars(profiler.get_report()).items():
+            writer.add_scalar(tag, value, step)
+        writer.flush()
     profiler.end_profile()
     return loss
 

@@ -5,6 +5,7 @@
     ...                    # any forward / backward / checkpoint-recompute activity
     prof.stop()
     prof.tree()            # the report schema's module node, inclusive, plus *_other_flops and *_calls
+    prof.events()          # [(path, type, depth, phase, start, end)]: when each module was active, for the trace
     prof.remove()          # every hook gone: the module runs exactly as before
 
 How it measures
@@ -33,6 +34,9 @@ How it measures
   the stack is timed, so the three phases never share a second: a recompute running inside a backward
   (reentrant checkpoint in the pipeline module's backward, or non-reentrant recompute inside a layer's
   backward node) counts as recompute, not also as backward.
+- Events: each stretch during which a module is active in a phase is also kept as a wall-clock
+  interval (one tuple appended when the stretch ends, from the clock reads above). Stretches come from
+  one stack, so they nest; a backward stretch encloses a recompute running inside it.
 """
 import functools
 import time
@@ -49,13 +53,15 @@ _graph_task_id = torch._C._current_graph_task_id
 
 class _Node:
     """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
-    __slots__ = ("name", "type", "params", "children", "ancestors", "ancestor_set", "formula",
-                 "flops", "other_flops", "latency_s", "calls", "active", "since", "open_calls")
+    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula",
+                 "flops", "other_flops", "latency_s", "calls", "active", "since", "wall_since", "open_calls")
 
     def __init__(self, name, module_type, ancestors, formula):
         self.name, self.type, self.formula = name, module_type, formula
         self.ancestors = ancestors  # root first
         self.ancestor_set = frozenset(ancestors)
+        # dotted names below the root ("3.self_attention"); the root is known by its own name
+        self.path = ".".join(a.name for a in ancestors[1:] + (self,)) if ancestors else name
         self.params = 0
         self.children = []
         self.flops = [0, 0, 0]
@@ -64,6 +70,7 @@ class _Node:
         self.calls = [0, 0, 0]
         self.active = [0, 0, 0]  # entries on the stack, per phase
         self.since = [0.0, 0.0, 0.0]  # the phase clock when the node became active, per phase
+        self.wall_since = [0.0, 0.0, 0.0]  # perf_counter when the node became active, per phase
         self.open_calls = []  # forward calls between pre-hook and post-hook
 
 
@@ -220,6 +227,7 @@ class ModuleProfiler:
         self._module_hooks = []
         self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
         self._watched_tasks = set()
+        self._events = []  # (node, phase, start, end): one per stretch of activity
         self._counting = False
         self._stack = []
         self._clear_stack()
@@ -260,9 +268,18 @@ class ModuleProfiler:
                 counter[:] = [0, 0, 0]
             node.latency_s[:] = [0.0, 0.0, 0.0]
             node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
+            node.wall_since[:] = [now, now, now]
+        self._events = []
 
     def tree(self):
         return _node_dict(self._root)
+
+    def events(self):
+        """[(path, type, depth, phase, start, end)] in order of ending: every stretch during which a module
+        had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
+        string objects repeat for a module, so pickling the list sends each path once."""
+        return [(node.path, node.type, len(node.ancestors), PHASE_PREFIXES[phase], start, end)
+                for node, phase, start, end in self._events]
 
     def totals(self):
         tree = self.tree()
@@ -305,6 +322,7 @@ class ModuleProfiler:
         node, phase = entry.node, entry.phase
         if node.active[phase] == 0:
             node.since[phase] = self._phase_clock(phase, now)
+            node.wall_since[phase] = now
         node.active[phase] += 1
 
     def _close_from(self, index, now):
@@ -316,6 +334,7 @@ class ModuleProfiler:
             node.active[phase] -= 1
             if node.active[phase] == 0:
                 node.latency_s[phase] += self._phase_clock(phase, now) - node.since[phase]
+                self._events.append((node, phase, node.wall_since[phase], now))
         del stack[index:]
         self._retop(now)
 

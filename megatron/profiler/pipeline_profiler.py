@@ -6,12 +6,16 @@
     prof.stop_profile()
     prof.print_model_profile(profile_step=N)   # collective: every rank calls it; rank 0 prints
     report = prof.get_report()                 # collective; the same dict on every rank
+    prof.write_json(path); prof.write_trace(path)   # collective; rank 0 writes
     prof.end_profile()
 
 Every rank of every stage measures its own stage: forward, backward and recompute FLOPs and
 latencies per module, and every schedule instruction. The per-rank measurements are all-gathered
 over the world group (which covers the pipeline, tensor and data groups), so every rank builds the
-same report; only global rank 0 prints and writes files.
+same report; only global rank 0 prints and writes files. Before gathering, every rank measures its
+clock's offset to rank 0's (measure_clock_offset), so that the stages' events share one time line:
+the bubble analysis and the Chrome trace (trace.py) use it. The trace's module slices are gathered
+to rank 0 only (they are many and only rank 0 writes).
 """
 import functools
 import time
@@ -26,6 +30,10 @@ from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.peaks import peak_tflops_for
 from megatron.profiler.printer import format_report
 from megatron.profiler.report import build_report, write_json
+from megatron.profiler.trace import build_trace, write_trace
+
+# Ping rounds per rank for the clock alignment: the shortest round trip of these bounds the error.
+CLOCK_PING_ROUNDS = 8
 
 # A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the
 # pipeline instructions they correspond to.
@@ -49,6 +57,7 @@ class PipelineFlopsProfiler:
         self._window = None  # (start, end) of the profiled work, for the plain engine
         self._train_batch_s = 0.0
         self._report = None
+        self._entries = None
         self.started = False
 
     # ------------------------------------------------------------------ measuring
@@ -186,9 +195,12 @@ class PipelineFlopsProfiler:
     def get_report(self, profile_step=None):
         """Collective over the world group: every rank must call it. Returns the schema's dict."""
         if self._report is None or (profile_step is not None and self._report["step"] != profile_step):
+            entry = self._local_entry()
+            entry["clock_offset_s"], entry["clock_error_s"] = measure_clock_offset()
             entries = [None] * dist.get_world_size()
-            dist.all_gather_object(entries, self._local_entry())
+            dist.all_gather_object(entries, entry)
             self._report = build_report(entries, self._meta(profile_step))
+            self._entries = entries
         return self._report
 
     def print_model_profile(self, profile_step=None, module_depth=-1, top_modules=1, detailed=True, output_file=None):
@@ -208,6 +220,54 @@ class PipelineFlopsProfiler:
         report = self.get_report(profile_step)
         if dist.get_rank() == 0:
             write_json(report, path)
+
+    def write_trace(self, path, profile_step=None):
+        """Collective. Global rank 0 writes the Chrome trace (Perfetto, chrome://tracing) of the
+        reported replica to path: a process per stage, a track per tensor rank (trace.py)."""
+        report = self.get_report(profile_step)
+        _, _, dp_rank = _coordinates(self.engine)
+        rank = dist.get_rank()
+        mine = self.module_profiler.events() if dp_rank == 0 else None
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object((rank, mine), gathered, dst=0)
+        if rank == 0:
+            module_events = {r: events for r, events in gathered if events is not None}
+            write_trace(build_trace(self._entries, module_events, report["step"]), path)
+
+
+def measure_clock_offset(rounds=CLOCK_PING_ROUNDS, clock=time.perf_counter):
+    """(offset, error): this rank's `clock` minus global rank 0's, in seconds. Collective (world).
+
+    Ranks 1, 2, ... take turns pinging rank 0 `rounds` times: the rank reads its clock (a), sends,
+    rank 0 answers with its own clock read on receipt (t0), the rank reads its clock again (b). t0 was
+    read between a and b, so the offset lies in [a - t0, b - t0]: the midpoint is taken, wrong by at
+    most (b - a) / 2; the round with the shortest round trip is kept. The exchange is between host
+    clocks over gloo (a gloo group is made when the default backend is another), so no device queue
+    sits between a clock read and a message. Drift over the seconds since the profiled step is ignored.
+    """
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    best = (0.0, 0.0)
+    message = torch.zeros(1, dtype=torch.float64)
+    if rank == 0:
+        for peer in range(1, world):
+            for _ in range(rounds):
+                dist.recv(message, src=peer, group=group)
+                message[0] = clock()
+                dist.send(message, dst=peer, group=group)
+    else:
+        best = (0.0, float("inf"))
+        for _ in range(rounds):
+            before = clock()
+            dist.send(message, dst=0, group=group)
+            dist.recv(message, src=0, group=group)
+            after = clock()
+            error = (after - before) / 2
+            if error < best[1]:
+                best = ((before + after) / 2 - message.item(), error)
+    if group is not None:
+        dist.destroy_process_group(group)
+    return best
 
 
 def _coordinates(engine):

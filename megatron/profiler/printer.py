@@ -125,7 +125,7 @@ def _summary(report):
 
 def _stage_table(report):
     headers = ["stage", "ranks", "params", "fwd flops", "bwd flops", "recompute flops", "fwd", "bwd", "step",
-               "comm+wait", "other", "train_batch", "share"]
+               "comm+wait", "other", "train_batch", "share", "FLOPS per GPU"]
     rows = []
     for s in report["stages"]:
         marker = " *" if s["stage_id"] == report["bounding_stage"] else ""
@@ -134,11 +134,38 @@ def _stage_table(report):
                      number_to_string(s["recompute_flops"])]
                     + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
                                                           "comm_s", "other_s", "train_batch_latency_s")]
-                    + [f"{100 * s['busy_share']:.2f}%"])
+                    + [f"{100 * s['busy_share']:.2f}%", flops_rate_to_string(s["tflops_per_gpu"] * 1e12)])
     return (["", "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"]
             + _table(headers, rows)
             + ["  * bounds the iteration (largest fwd + bwd + step time); "
-               "share = (fwd + bwd + step) / iter latency"])
+               "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
+               "flops) / iter latency / tp"])
+
+
+def _bubble(report):
+    bubble = report.get("bubble")
+    if bubble is None:
+        return []
+    par = report["parallelism"]
+    pp, m = par["pipeline_parallel_size"], par["micro_batches"]
+    bounding = bubble["bounding_stage"]
+    rows = [[f"{row['stage_id']}{' *' if row['stage_id'] == bounding else ''}", duration_to_string(row["compute_s"]),
+             duration_to_string(row["idle_s"]), f"{100 * row['idle_fraction']:.2f}%",
+             f"{100 * row['over_ideal']:+.2f} pts", duration_to_string(row["wait_for_bounding_s"])]
+            for row in bubble["stages"]]
+    waits = [row["wait_for_bounding_s"] for row in bubble["stages"] if row["stage_id"] != bounding]
+    lines = ["", f"Pipeline bubble (1F1B, pp = {pp}, micro-batches = {m}; ideal idle fraction (pp - 1) / "
+                 f"(micro-batches + pp - 1) = {100 * bubble['ideal_fraction']:.2f}%):",
+             f"  schedule span (stage 0's first instruction to the last BackwardPass, clocks aligned to rank 0 "
+             f"within {duration_to_string(bubble['clock_error_s'])}): {duration_to_string(bubble['schedule_span_s'])}"]
+    lines += _table(["stage", "fwd+bwd", "idle", "idle fraction", "vs ideal", f"waits for stage {bounding}"], rows)
+    if waits:
+        lines.append(f"  * stage {bounding} bounds the iteration; the other stages wait for it "
+                     f"{' / '.join(duration_to_string(w) for w in waits)} per iteration "
+                     f"(its fwd + bwd + step minus theirs)")
+    else:
+        lines.append(f"  * stage {bounding} is the only stage")
+    return lines
 
 
 def _instruction_tables(report):
@@ -227,6 +254,7 @@ def format_report(report, module_depth=-1, top_modules=1, detailed=True):
     lines += _notations(report)
     lines += _summary(report)
     lines += _stage_table(report)
+    lines += _bubble(report)
     lines += _instruction_tables(report)
     lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]
     lines += _aggregated(report, module_depth, top_modules)

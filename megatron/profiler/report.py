@@ -4,9 +4,11 @@ The contract is specs/flops-profile.md and flops-profile.schema.json (beside thi
 path relative to this module; an installed wheel needs it as package data). Beyond the schema the
 report carries:
 - top level: `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
-  ({name, dtype, peak_tflops}) and `notes` (the formulas used; the printer's Notations block);
+  ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
+  carry no schedule events) and `notes` (the formulas used; the printer's Notations block);
 - per stage: params_per_gpu, train_batch_latency_max_dp_s (over all data-parallel replicas),
-  comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share;
+  comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share,
+  tflops_per_gpu (the stage's fwd + bwd + recompute flops / iter latency / tp);
 - totals: analytic ({fwd,bwd,recompute}_flops or null), measured_over_analytic, tokens_per_s,
   peak_tflops;
 - module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
@@ -62,6 +64,14 @@ NOTES = {
     "busy_share": "share = (fwd + bwd + step) / iter latency",
     "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
                   "(tied) has its params once and its flops, calls and latencies summed over stages",
+    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / iter latency / tp / 1e12",
+    "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
+              "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
+              "tp rank, "
+              "ideal 1F1B idle fraction = (pp - 1) / (micro-batches + pp - 1); "
+              "wait for the bounding stage = its fwd + bwd + step - the stage's",
+    "clock_sync": "clock alignment = each rank pings rank 0 over gloo; offset = midpoint of the shortest round "
+                  "trip, error at most half that round trip",
 }
 
 
@@ -80,14 +90,17 @@ def validate_report(report):
     jsonschema.Draft202012Validator(load_schema()).validate(report)
 
 
-def write_json(report, path):
-    """Write atomically: readers never see half a report."""
+def write_json(report, path, indent=2):
+    """Write atomically: readers never see half a report (or half a trace)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".flops_profile.", suffix=".tmp", dir=directory)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from other users
         with os.fdopen(fd, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump(report, f, indent=indent)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -225,6 +238,48 @@ def _instruction_s(instructions, names):
     return sum(instructions[name]["total_s"] for name in names if name in instructions)
 
 
+def _schedule_span(entries):
+    """(span, clock error): the seconds from stage 0's first instruction start (the pipeline can do
+    nothing before it; a later stage that entered train_batch earlier only waits for it) to the last
+    BackwardPass end over `entries`, each rank's perf_counter moved onto rank 0's clock; and the
+    largest clock error. None without events."""
+    if not entries or any("events" not in e for e in entries):
+        return None
+    starts, ends = [], []
+    for e in entries:
+        offset = e["clock_offset_s"]
+        if e["stage_id"] == 0:
+            starts += [start - offset for _, _, start, _ in e["events"]]
+        ends += [end - offset for name, _, _, end in e["events"] if name == "BackwardPass"]
+    if not starts or not ends:
+        return None
+    return max(ends) - min(starts), max(e["clock_error_s"] for e in entries)
+
+
+def bubble_analysis(stages, compute_s, bounding, micro_batches, span):
+    """Each stage's idle fraction over the schedule span against the ideal 1F1B bubble.
+
+    compute_s: {stage id: ForwardPass + BackwardPass seconds of its busiest tp rank} (one rank's sum,
+    which fits in the span, where the stage's fwd and bwd maxima may come from two ranks).
+    """
+    span_s, clock_error_s = span
+    pp = len(stages)
+    ideal = (pp - 1) / (micro_batches + pp - 1)
+    rows = []
+    for stage in stages:
+        idle_s = max(0.0, span_s - compute_s[stage["stage_id"]])
+        rows.append({
+            "stage_id": stage["stage_id"],
+            "compute_s": compute_s[stage["stage_id"]],
+            "idle_s": idle_s,
+            "idle_fraction": idle_s / span_s,
+            "over_ideal": idle_s / span_s - ideal,
+            "wait_for_bounding_s": bounding["busy_s"] - stage["busy_s"],
+        })
+    return {"ideal_fraction": ideal, "schedule_span_s": span_s, "clock_error_s": clock_error_s,
+            "bounding_stage": bounding["stage_id"], "stages": rows}
+
+
 def _build_stage(stage_id, entries, all_dp_entries):
     trees = [_clean_node(e["modules"]) for e in entries]
     modules = merge_tp_trees(trees)
@@ -282,12 +337,18 @@ def build_report(rank_entries, meta):
         on_stage = [e for e in rank_entries if e["stage_id"] == stage_id]
         replica = sorted((e for e in on_stage if e["dp_rank"] == 0), key=lambda e: e["tp_rank"])
         stages.append(_build_stage(stage_id, replica, on_stage))
+    replica = [e for e in rank_entries if e["dp_rank"] == 0]
+    span = _schedule_span(replica)
+    compute_s = {stage_id: max(_instruction_s(e["instructions"], ("ForwardPass", "BackwardPass"))
+                               for e in replica if e["stage_id"] == stage_id) for stage_id in range(pp)}
 
     iter_s = max(s["train_batch_latency_s"] for s in stages)
     if iter_s <= 0:
         raise ValueError("every stage's train_batch time is 0: nothing was timed")
     for stage in stages:
         stage["busy_share"] = stage["busy_s"] / iter_s
+        stage_flops = stage["fwd_flops"] + stage["bwd_flops"] + stage["recompute_flops"]
+        stage["tflops_per_gpu"] = stage_flops / iter_s / tp / 1e12
     bounding = max(stages, key=lambda s: (s["busy_s"], -s["stage_id"]))
 
     fwd = sum(s["fwd_flops"] for s in stages)
@@ -339,8 +400,28 @@ def build_report(rank_entries, meta):
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
         "bounding_stage": bounding["stage_id"],
+        "bubble": bubble_analysis(stages, compute_s, bounding, int(meta["micro_batches"]), span) if span else None,
         "stages": stages,
         "model_tree": model_tree,
         "notes": dict(NOTES),
     }
 
+
+def profile_scalars(report):
+    """{tag: value}: the report's headline numbers as TensorBoard scalars (null values left out)."""
+    totals = report["totals"]
+    scalars = {f"flops-profile/{key.replace('_', '-')}": totals[key]
+               for key in ("tflops_per_gpu", "model_tflops_per_gpu", "mfu", "iter_latency_s", "fwd_latency_s",
+                           "bwd_latency_s", "step_latency_s", "samples_per_s", "tokens_per_s",
+                           "measured_over_analytic")}
+    bubble = report.get("bubble")
+    idle = {row["stage_id"]: row["idle_fraction"] for row in bubble["stages"]} if bubble else {}
+    if bubble:
+        scalars["flops-profile/bubble-ideal-fraction"] = bubble["ideal_fraction"]
+    for stage in report["stages"]:
+        prefix = f"flops-profile/stage{stage['stage_id']}"
+        for key in ("tflops_per_gpu", "fwd_latency_s", "bwd_latency_s", "step_latency_s", "comm_s",
+                    "train_batch_latency_s"):
+            scalars[f"{prefix}/{key.replace('_', '-')}"] = stage[key]
+        scalars[f"{prefix}/idle-fraction"] = idle.get(stage["stage_id"])
+    return {tag: float(value) for tag, value in scalars.items() if value is not None}

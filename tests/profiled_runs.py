@@ -1,0 +1,55 @@
+"""Profiled pretrain_gpt.py runs shared by the trace, plot, comparison and TensorBoard tests.
+
+Each configuration is launched once per test session, by whichever test module asks first (a launch
+costs about 20 s on a 2-core machine); the others read its files.
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch import explain, run_pretrain
+
+PROFILE_STEP = 2
+PEAK_TFLOPS = 0.5  # a made-up device peak, so that the report has an MFU on CPU
+CONFIGS = {
+    # pp=2 x tp=2, 4 micro-batches, activation checkpointing
+    "pp2_tp2_checkpointed": (4, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                                 "--global-batch-size", "8", "--train-iters", "3", "--checkpoint-activations",
+                                 "--peak-tflops", str(PEAK_TFLOPS)]),
+    # the same model and batches, pp=2 x tp=1, no checkpointing
+    "pp2_tp1": (2, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1",
+                    "--global-batch-size", "8", "--train-iters", "2"]),
+}
+_runs = {}
+
+
+@dataclass
+class ProfiledRun:
+    output: str  # stdout and stderr of the launch
+    report_path: Path
+    trace_path: Path
+    tensorboard_dir: Path
+
+    @property
+    def report(self):
+        return json.loads(self.report_path.read_text())
+
+    @property
+    def trace(self):
+        return json.loads(self.trace_path.read_text())
+
+
+def profiled_run(tmp_path_factory, name):
+    """The run of CONFIGS[name], iteration PROFILE_STEP profiled, launched on first use."""
+    if name not in _runs:
+        nprocs, flags = CONFIGS[name]
+        tmp = tmp_path_factory.mktemp(name)
+        flags = flags + ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output", tmp / "profile",
+                         "--tensorboard-dir", tmp / "tensorboard"]
+        process, _ = run_pretrain(tmp, nprocs, flags, name=name)
+        assert process.returncode == 0, explain(process)
+        _runs[name] = ProfiledRun(output=process.stdout + process.stderr,
+                                  report_path=tmp / "profile" / f"flops_profile_step{PROFILE_STEP}.json",
+                                  trace_path=tmp / "profile" / f"pipeline_trace_step{PROFILE_STEP}.json",
+                                  tensorboard_dir=tmp / "tensorboard")
+    return _runs[name]
