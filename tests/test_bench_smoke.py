@@ -1,0 +1,48 @@
+"""The benchmarks run end to end in their --quick mode and print their tables (timings not checked):
+bench/profiler_overhead.py under the `deepspeed` launcher, bench/report_scaling.py spawning its ranks."""
+import os
+import re
+import subprocess
+import sys
+
+from launch import REPO, explain, free_port, deepspeed_launcher
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def test_profiler_overhead_quick_under_the_deepspeed_launcher(tmp_path):
+    command = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(free_port()),
+               str(REPO / "bench" / "profiler_overhead.py"), "--quick"]
+    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    assert process.returncode == 0, explain(process)
+    # The launcher logs each rank's exit ("[<date>] [INFO] [launch.py...") after the benchmark's last line.
+    lines = [line for line in process.stdout.strip().splitlines() if not line.startswith("[")]
+    assert re.fullmatch(r"profiled/unprofiled iteration time ratio: \d+\.\d\d", lines[-1]), explain(process)
+    out = process.stdout
+    for heading in ("== 1. Our profiler", "== 2. Overhead side by side", "== 3. FLOPs of one iteration"):
+        assert out.count(heading) == 1, heading
+    assert "left behind after end_profile: none on any rank" in out
+    for engine, profilers in (("pp=2 PipelineEngine", ("ours (PipelineFlopsProfiler)", "torch FlopCounterMode",
+                                                       "torch.profiler with_flops")),
+                              ("pp=1 DeepSpeedEngine", ("ours (PipelineFlopsProfiler)", "DeepSpeed FlopsProfiler",
+                                                        "torch FlopCounterMode", "torch.profiler with_flops"))):
+        for name in profilers:
+            # One row in the overhead table, one in the FLOPs table, one verdict line.
+            assert len(re.findall(rf"^{re.escape(name)}\s+{re.escape(engine)}\s", out, re.M)) == 2, (name, engine)
+            assert out.count(f"- {name} on {engine}: ") == 1, (name, engine)
+        # Our FLOPs equal the formula (fwd, recompute) and the executed kernels (bwd) exactly.
+        exact = f"- ours (PipelineFlopsProfiler) on {engine}: nothing: fwd and recompute equal the formula exactly"
+        assert exact in out
+
+
+def test_report_scaling_quick_spawned(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "report_scaling.py"), "--quick"]
+    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    assert process.returncode == 0, explain(process)
+    out = process.stdout
+    stages = out[out.index("report cost against pipeline stages"):out.index("report cost against layers")]
+    layers = out[out.index("report cost against layers"):]
+    # stages, layers, module nodes, then the costs: rows for 1 and 2 stages (2 layers), 2 and 4 layers (2 stages).
+    assert [row[:2] for row in re.findall(r"^(\d+)\s+(\d+)\s+\d+\s", stages, re.M)] == [("1", "2"), ("2", "2")]
+    assert [row[:2] for row in re.findall(r"^(\d+)\s+(\d+)\s+\d+\s", layers, re.M)] == [("2", "2"), ("2", "4")]
+    assert "fit against layers: report cost = " in out
