@@ -30,11 +30,22 @@ def deepspeed_launcher():
 
 def launch(script, nprocs, script_args, cwd, timeout=300, env=None):
     """`deepspeed --num_gpus N script args`; returns the CompletedProcess (text output)."""
-    command = [deepspeed_launcher(), "--num_gpus", str(nprocs), "--master_port", str(free_port()),
+    port = free_port()
+    command = [deepspeed_launcher(), "--num_gpus", str(nprocs), "--master_port", str(port),
                str(script)] + [str(a) for a in script_args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
     full_env.update(env or {})
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        remove_shm_buffers(port)
+
+
+def remove_shm_buffers(port):
+    """DeepSpeed 0.19.8's CPU comm op leaves a 66 MiB /dev/shm buffer per rank behind; a test suite
+    of dozens of launches would fill memory. The run on `port` is over: remove its buffers."""
+    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+        path.unlink(missing_ok=True)
 
 
 def run_pretrain(tmp_path, nprocs, extra_args, name="run", timeout=300):
