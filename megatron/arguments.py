@@ -7,11 +7,13 @@ collective that another rank never enters.
 import argparse
 import json
 import os
+import re
 import sys
 
 import deepspeed
 
 EXIT_BAD_ARGS = 2
+DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
 
 
 class ArgumentError(ValueError):
@@ -76,6 +78,10 @@ def _add_batch_and_parallel_args(parser):
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="train the plain GPTModel with a DeepSpeedEngine instead of a PipelineEngine")
+    g.add_argument("--pp-partition-method", default=DEFAULT_PARTITION_METHOD,
+                   help="how DeepSpeed cuts the layers into stages: 'uniform' (same number of layers) or "
+                        "'type:REGEX' (balance the layers whose class matches; 'type:transformer|embedding' "
+                        "also weighs the embedding and the LM head, as in Megatron-DeepSpeed)")
     g.add_argument("--distributed-backend", default=None, choices=["gloo", "nccl"],
                    help="default: the accelerator's own (gloo on CPU, nccl on CUDA)")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the launcher")
@@ -174,8 +180,7 @@ def validate_args(args, world_size):
     args.data_parallel_size = world_size // (tp * pp)
 
     _require(args.num_layers >= 1 and args.hidden_size >= 1, "--num-layers and --hidden-size must be >= 1")
-    _require(pp <= args.num_layers,
-             f"--pipeline-model-parallel-size {pp} exceeds --num-layers {args.num_layers}: a stage would hold no layer")
+    _validate_partition(args, pp)
     _require(args.num_attention_heads % tp == 0,
              f"--num-attention-heads {args.num_attention_heads} is not divisible by --tensor-model-parallel-size {tp}")
     _require(args.hidden_size % args.num_attention_heads == 0,
@@ -193,10 +198,35 @@ def validate_args(args, world_size):
 
     _validate_batch(args)
     _validate_schedule(args)
+    _validate_load(args)
     _validate_data(args)
     _validate_profiler(args)
     args.deepspeed_config_dict = _build_deepspeed_config(args)
     return args
+
+
+def _validate_partition(args, pp):
+    """Every stage must get at least one of the layers the partition method weighs."""
+    method = args.pp_partition_method
+    if method != "uniform":
+        _require(method.startswith("type:") and len(method) > len("type:"),
+                 f"--pp-partition-method {method!r}: expected 'uniform' or 'type:REGEX' "
+                 f"(e.g. 'type:transformer|embedding')")
+        try:
+            re.compile(method[len("type:"):])
+        except re.error as error:
+            raise ArgumentError(f"--pp-partition-method {method!r} is not a valid regular expression: {error}")
+    if method == DEFAULT_PARTITION_METHOD:
+        _require(pp <= args.num_layers, f"--pipeline-model-parallel-size {pp} exceeds --num-layers "
+                                        f"{args.num_layers}: a stage would hold no layer")
+    from megatron.model.gpt_model import stage_boundaries
+
+    boundaries, weights = stage_boundaries(args, pp)
+    _require(sum(weights) >= pp, f"--pipeline-model-parallel-size {pp} exceeds the {sum(weights)} layers "
+                                 f"--pp-partition-method {method} weighs: a stage would hold none")
+    for stage in range(pp):
+        _require(sum(weights[boundaries[stage]:boundaries[stage + 1]]) > 0,
+                 f"--pp-partition-method {method} leaves pipeline stage {stage} of {pp} without a layer it weighs")
 
 
 def _validate_batch(args):
@@ -221,6 +251,15 @@ def _validate_schedule(args):
     if args.save_interval is not None:
         _require(args.save_interval >= 1, "--save-interval must be >= 1")
         _require(args.save is not None, "--save-interval needs --save DIR")
+
+
+def _validate_load(args):
+    if args.load:
+        from megatron.checkpointing import LATEST_FILE, read_latest_tag
+
+        tag = read_latest_tag(args.load)
+        _require(tag is None or os.path.isdir(os.path.join(args.load, tag)),
+                 f"--load {args.load}: {LATEST_FILE} names checkpoint {tag}, which is not there")
 
 
 def _validate_data(args):
@@ -259,11 +298,21 @@ def _validate_profiler(args):
                  f"--profile-flops-step {step} is beyond --train-iters {args.train_iters}")
         out = args.profile_flops_output
         _require(_writable_dir(out), f"--profile-flops-output {out} is not a writable directory")
+        if args.load:
+            from megatron.checkpointing import latest_iteration
+
+            resumed = latest_iteration(args.load)
+            _require(resumed is None or step > resumed,
+                     f"--profile-flops-step {step} would never run: the checkpoint in --load {args.load} is at "
+                     f"iteration {resumed}, so training resumes at iteration {(resumed or 0) + 1}")
     if args.peak_tflops is not None:
         _require(args.peak_tflops > 0, "--peak-tflops must be > 0")
 
 
 def _writable_dir(path):
+    """An existing writable directory, or one that can be created in an existing writable parent."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return False
     if os.path.isdir(path):
         return os.access(path, os.W_OK | os.X_OK)
     parent = os.path.dirname(os.path.abspath(path))
@@ -304,9 +353,15 @@ def _build_deepspeed_config(args):
     args.bf16 = bool(config.get("bf16", {}).get("enabled", False))
     _require(not (args.fp16 and args.bf16), "the DeepSpeed config enables both fp16 and bf16")
     # Clipping happens in our optimizer (megatron/optimizer.py), by the true global norm; DeepSpeed's
-    # own fp32 clipping miscounts under a pipeline. Its fp16/bf16 optimizers still clip themselves.
+    # own fp32 clipping miscounts under a pipeline. Its fp16/bf16 and ZeRO optimizers still clip
+    # themselves: they wrap ours and hand it flat partitions, whose norm it cannot take.
     args.clip_grad = config.get("gradient_clipping", args.clip_grad)
-    if args.fp16 or args.bf16:
+    args.zero_stage = config.get("zero_optimization", {}).get("stage", 0)
+    _require(args.zero_stage in (0, 1, 2, 3), "DeepSpeed config zero_optimization.stage must be 0, 1, 2 or 3")
+    _require(args.zero_stage <= 1 or args.no_pipeline_parallel,
+             f"ZeRO stage {args.zero_stage} cannot shard a pipeline's gradients: use stage 0 or 1 "
+             f"(or --no-pipeline-parallel)")
+    if args.fp16 or args.bf16 or args.zero_stage > 0:
         config["gradient_clipping"] = args.clip_grad
         args.clip_grad = 0.0
     else:
@@ -337,6 +392,12 @@ def _validate_flops_profiler_section(section):
                  f"DeepSpeed config flops_profiler.{key} has the wrong type: {type(value).__name__}")
     if "profile_step" in section:
         _require(section["profile_step"] >= 1, "DeepSpeed config flops_profiler.profile_step must be >= 1")
+    output_file = section.get("output_file")
+    if output_file:
+        parent = os.path.dirname(os.path.abspath(output_file))
+        _require(not os.path.isdir(output_file) and os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
+                 f"DeepSpeed config flops_profiler.output_file {output_file} cannot be written "
+                 f"(is it a directory, or is {parent} missing or read-only?)")
 
 
 def _require(condition, message):

@@ -9,7 +9,7 @@ import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 import patches
-from megatron import mpu
+from megatron import liveness, mpu
 from megatron.arguments import parse_args
 from megatron.global_vars import set_args
 
@@ -31,11 +31,14 @@ def _initialize_distributed(args):
     if accelerator.device_name() != "cpu":
         accelerator.set_device(local_rank)
     backend = args.distributed_backend or accelerator.communication_backend_name()
-    # A bounded timeout: a rank that dies must not leave the others waiting for half an hour.
+    # A bounded timeout: a rank that dies must not leave the others waiting for half an hour. A dead
+    # peer is usually noticed at once (its connections close); this bounds the rest (a hung peer, a
+    # node cut off the network).
     timeout = timedelta(seconds=int(os.environ.get("MEGATRON_DIST_TIMEOUT_S", "600")))
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
     args.rank = torch.distributed.get_rank()
     args.world_size = torch.distributed.get_world_size()
+    liveness.start(args.rank, args.world_size)
     mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
     # DeepSpeed's activation checkpointing saves and restores the tensor-parallel RNG states on
     # recompute; it needs to know the tensor-parallel layout for that.

@@ -7,7 +7,7 @@ import time
 import torch
 import deepspeed
 
-from megatron import mpu
+from megatron import liveness, mpu
 from megatron.analytic_flops import gpt_flops_per_iteration
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data_iterators import pipeline_batches
@@ -26,7 +26,14 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
     print_rank_0(f"> initialized: world {args.world_size} = pipeline {args.pipeline_model_parallel_size} x "
                  f"tensor {args.tensor_model_parallel_size} x data {args.data_parallel_size} "
                  f"({time.time() - start:.1f} s)")
+    try:
+        return _build_and_train(args, train_valid_test_dataset_provider, model_provider, forward_step_func)
+    except Exception as error:
+        # Every rank says why it stops, naming the rank that failed first, and exits non-zero at once.
+        liveness.exit_after_failure(error, getattr(args, "curr_iteration", None))
 
+
+def _build_and_train(args, train_valid_test_dataset_provider, model_provider, forward_step_func):
     train_ds, valid_ds, _ = train_valid_test_dataset_provider(_train_valid_test_num_samples(args))
     model, optimizer, lr_scheduler = setup_model_and_optimizer(model_provider)
     args.iteration, args.consumed_train_samples = 0, 0
@@ -37,7 +44,8 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
     iteration = train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, valid_ds)
     if args.eval_iters > 0 and valid_ds is not None:
         evaluate_and_print_results("the end of training", iteration, model, valid_ds, args)
-    if args.save and iteration % (args.save_interval or iteration or 1) != 0:
+    saved_by_interval = args.save_interval and iteration % args.save_interval == 0
+    if args.save and iteration > args.iteration and not saved_by_interval:
         save_checkpoint(model[0], args.save, iteration, args.consumed_train_samples)
     print_rank_0(f"> training done: {iteration} iterations")
     return model
@@ -64,9 +72,14 @@ def setup_model_and_optimizer(model_provider):
     module = model_provider()
     if isinstance(module, deepspeed.pipe.PipelineModule):
         mark_tied_duplicates(module)
-    optimizer = ClippedAdamW(get_param_groups(module), clip_grad=args.clip_grad, lr=args.lr,
-                             weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2),
-                             eps=args.adam_eps)
+    adam = dict(lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2),
+                eps=args.adam_eps)
+    if args.fp16 or args.bf16 or args.zero_stage > 0:
+        # DeepSpeed's fp16/bf16 and ZeRO optimizers wrap this one, hand it flat partitions and clip
+        # by themselves: plain AdamW (which ZeRO also knows as tested).
+        optimizer = torch.optim.AdamW(get_param_groups(module), **adam)
+    else:
+        optimizer = ClippedAdamW(get_param_groups(module), clip_grad=args.clip_grad, **adam)
     lr_scheduler = AnnealingLR(optimizer, max_lr=args.lr, min_lr=args.min_lr, warmup_steps=args.lr_warmup_iters,
                                decay_steps=args.lr_decay_iters, decay_style=args.lr_decay_style)
     engine, optimizer, _, lr_scheduler = deepspeed.initialize(
@@ -119,6 +132,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}")
     while iteration < args.train_iters:
         step = iteration + 1
+        args.curr_iteration = step
         if args.profile_flops_step == step:
             loss = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
                                         writer)

@@ -1,7 +1,10 @@
 """GPT-2: the pipeline model (GPTModelPipe) and the same network without a pipeline (GPTModel)."""
+import re
+
 import torch
 import deepspeed
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime import utils as ds_utils
 
 from megatron import mpu
 from megatron.model.fused_layer_norm import LayerNorm
@@ -19,18 +22,40 @@ def gpt_loss(logits, labels_and_mask):
     return torch.sum(losses.reshape(-1) * loss_mask) / loss_mask.sum()
 
 
+def pipeline_layer_specs(args):
+    """Tied embedding, transformer layers 1..L, final LayerNorm, tied LM head (nothing is built yet)."""
+    specs = [TiedLayerSpec("embed", EmbeddingPipe, args, tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
+    specs += [LayerSpec(ParallelTransformerLayerPipe, args, layer_number) for layer_number in range(args.num_layers)]
+    specs += [LayerSpec(LayerNorm, args.hidden_size, eps=args.layernorm_epsilon)]
+    specs += [TiedLayerSpec("embed", EmbeddingPipe, args, forward_fn=lm_head_pipe,
+                            tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
+    return specs
+
+
+def stage_boundaries(args, num_stages):
+    """Where DeepSpeed's PipelineModule will cut pipeline_layer_specs(args) into stages.
+
+    Returns (boundaries, weights): stage i holds specs boundaries[i]:boundaries[i+1]; weights[j] is
+    what the partition method counts for spec j (1 or 0 for 'type:REGEX', 1 for 'uniform'). DeepSpeed's
+    own partition functions and matching rule, so the flags can be checked before any process group.
+    """
+    names = [spec.typename.__name__ for spec in pipeline_layer_specs(args)]
+    method = args.pp_partition_method
+    if method == "uniform":
+        return ds_utils.partition_uniform(num_items=len(names), num_parts=num_stages), [1] * len(names)
+    pattern = re.compile(method[len("type:"):], re.IGNORECASE)
+    weights = [1 if pattern.search(name) else 0 for name in names]
+    return ds_utils.partition_balanced(weights=weights, num_parts=num_stages), weights
+
+
 class GPTModelPipe(PipelineModule):
-    """Layers: tied embedding, transformer layers 1..L, final LayerNorm, tied LM head."""
+    """Stages cut by --pp-partition-method (default: balance the transformer layers; Megatron-DeepSpeed's
+    'type:transformer|embedding' also weighs the embedding and the LM head)."""
 
     def __init__(self, args):
-        specs = [TiedLayerSpec("embed", EmbeddingPipe, args, tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
-        specs += [LayerSpec(ParallelTransformerLayerPipe, args, layer_number) for layer_number in range(args.num_layers)]
-        specs += [LayerSpec(LayerNorm, args.hidden_size, eps=args.layernorm_epsilon)]
-        specs += [TiedLayerSpec("embed", EmbeddingPipe, args, forward_fn=lm_head_pipe,
-                                tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
         interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
-        super().__init__(layers=specs, loss_fn=gpt_loss, topology=mpu.get_topology(),
-                         partition_method="type:ParallelTransformerLayerPipe",
+        super().__init__(layers=pipeline_layer_specs(args), loss_fn=gpt_loss, topology=mpu.get_topology(),
+                         partition_method=args.pp_partition_method,
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
 

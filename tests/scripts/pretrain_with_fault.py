@@ -1,0 +1,69 @@
+"""pretrain_gpt.py with a fault injected into one rank at a chosen point, for the fault tests.
+
+    FAULT_RANK=3 FAULT_ITERATION=2 FAULT_AT=backward  python pretrain_with_fault.py <pretrain_gpt.py flags>
+
+FAULT_AT=backward: the rank dies in the second BackwardPass of iteration FAULT_ITERATION.
+FAULT_AT=save: the rank dies right after writing its first file of the iteration's checkpoint.
+FAULT_AT=raise: the rank raises RuntimeError in that second BackwardPass instead (a bug, not a kill).
+Nothing is mocked: the process is gone, as after an OOM kill or a node failure.
+"""
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from deepspeed.runtime.pipe import schedule
+from deepspeed.runtime.pipe.engine import PipelineEngine
+
+FAULT_RANK = int(os.environ["FAULT_RANK"])
+FAULT_ITERATION = int(os.environ["FAULT_ITERATION"])
+FAULT_AT = os.environ["FAULT_AT"]
+RANK = int(os.environ["RANK"])
+
+
+def die():
+    print(f"FAULT: killing rank {RANK} (pid {os.getpid()}) in iteration {FAULT_ITERATION} at {FAULT_AT}, "
+          f"t={time.time():.3f}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def raise_error():
+    raise RuntimeError(f"injected fault on rank {RANK}")
+
+
+def fail_in_backward(fault):
+    original = PipelineEngine._INSTRUCTION_MAP[schedule.BackwardPass]
+    seen = {"count": 0}
+
+    def backward(engine, *args, **kwargs):
+        if engine.global_steps + 1 == FAULT_ITERATION:  # global_steps counts finished iterations
+            seen["count"] += 1
+            if seen["count"] == 2:
+                fault()
+        return original(engine, *args, **kwargs)
+
+    PipelineEngine._INSTRUCTION_MAP[schedule.BackwardPass] = backward
+
+
+def kill_in_save():
+    original = TorchCheckpointEngine.save
+
+    def save(self, state_dict, path):
+        result = original(self, state_dict, path)
+        if f"global_step{FAULT_ITERATION}" in str(path):
+            die()
+        return result
+
+    TorchCheckpointEngine.save = save
+
+
+if RANK == FAULT_RANK:
+    {"backward": lambda: fail_in_backward(die), "raise": lambda: fail_in_backward(raise_error),
+     "save": kill_in_save}[FAULT_AT]()
+
+script = Path(__file__).resolve().parents[2] / "pretrain_gpt.py"
+sys.argv = [str(script)] + sys.argv[1:]
+runpy.run_path(str(script), run_name="__main__")
