@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch import REPO, TINY_GPT, deepspeed_launcher, free_port
+from launch import REPO, TINY_GPT, deepspeed_launcher, free_port, remove_shm_buffers
 
 HOSTS = ("localhost", "127.0.0.1")
 PROFILE_STEP = 1
@@ -45,6 +45,7 @@ class Node:
     process: subprocess.Popen
     log: Path
     rank_logs: Path  # the launcher's --enable_each_rank_log directory: one file per rank of this node
+    port: int
     ended_at: float = None
 
     @property
@@ -81,7 +82,7 @@ def start_nodes(script, script_args, cwd, ranks_per_node=2, env=None):
             # Its own session, so that a timeout can end this launcher and its ranks, and nothing else.
             process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        nodes.insert(0, Node(process, log, rank_logs))
+        nodes.insert(0, Node(process, log, rank_logs, port))
     return nodes
 
 
@@ -89,18 +90,21 @@ def wait_nodes(nodes, timeout):
     """Wait for every launcher; on timeout kill them all and fail. Records when each one ended."""
     deadline = time.time() + timeout
     pending = list(nodes)
-    while pending:
-        for node in list(pending):
-            if node.process.poll() is not None:
-                node.ended_at = time.time()
-                pending.remove(node)
-        if pending and time.time() > deadline:
-            for node in pending:
-                os.killpg(node.process.pid, signal.SIGKILL)
-                node.process.wait()
-            raise AssertionError(f"launchers still running after {timeout} s:\n" +
-                                 "\n".join(n.output[-3000:] for n in pending))
-        time.sleep(0.1)
+    try:
+        while pending:
+            for node in list(pending):
+                if node.process.poll() is not None:
+                    node.ended_at = time.time()
+                    pending.remove(node)
+            if pending and time.time() > deadline:
+                for node in pending:
+                    os.killpg(node.process.pid, signal.SIGKILL)
+                    node.process.wait()
+                raise AssertionError(f"launchers still running after {timeout} s:\n" +
+                                     "\n".join(n.output[-3000:] for n in pending))
+            time.sleep(0.1)
+    finally:
+        remove_shm_buffers(nodes[0].port)
     return nodes
 
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from launch import REPO, TINY_GPT, deepspeed_launcher, explain, free_port
+from launch import REPO, TINY_GPT, deepspeed_launcher, explain, free_port, remove_shm_buffers
 from multinode import PROFILE_STEP, two_node_profile, write_hostfile
 from tiny_gpt_profile import check_instruction_counts, check_totals, stage_layers
 
@@ -114,11 +114,15 @@ def test_pp4_through_ssh_and_pdsh(local_sshd, tmp_path):
     (tmp_path / ".deepspeed_env").write_text("OMP_NUM_THREADS=1\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
                PATH=f"{local_sshd}{os.pathsep}{os.environ['PATH']}")
-    command = [deepspeed_launcher(), "--hostfile", str(hostfile), "--master_port", str(free_port()), str(PRETRAIN)]
+    port = free_port()
+    command = [deepspeed_launcher(), "--hostfile", str(hostfile), "--master_port", str(port), str(PRETRAIN)]
     command += [str(a) for a in TINY_GPT + ["--pipeline-model-parallel-size", "4", "--global-batch-size", "8",
                                             "--train-iters", "1", "--profile-flops-step", "1",
                                             "--profile-flops-output", tmp_path / "profile"]]
-    process = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    try:
+        process = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        remove_shm_buffers(port)
     assert process.returncode == 0, explain(process)
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1
