@@ -16,7 +16,7 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "jsonschema", "tokenizers", "tensorboard", "matplotlib"],
+        "test": ["pytest", "jsonschema", "tokenizers", "tensorboard", "matplotlib", "psutil"],
         "plot": ["matplotlib"],
     },
 )

@@ -44,6 +44,20 @@ def _initialize_distributed(args):
     # recompute; it needs to know the tensor-parallel layout for that.
     deepspeed.checkpointing.configure(mpu, partition_activations=False, contiguous_checkpointing=False,
                                       checkpoint_in_cpu=False, synchronize=False, profile=False)
+    _unlink_shm_buffer()
+
+
+def _unlink_shm_buffer():
+    """DeepSpeed 0.19.8's CPU comm op creates a 66 MiB /dev/shm buffer per rank and never removes it.
+
+    init_distributed returns once this rank has mapped every peer's buffer; after a barrier every rank
+    has, so the name can go: the mappings stay valid, and the memory is freed when the run ends.
+    """
+    name = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_"
+            f"{os.environ.get('MASTER_PORT')}_{torch.distributed.get_rank()}")
+    torch.distributed.barrier()  # every rank, whether or not it has a buffer: no rank left waiting
+    if os.path.exists(name):
+        os.unlink(name)
 
 
 def _set_random_seed(seed):
