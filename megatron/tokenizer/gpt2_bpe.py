@@ -22,6 +22,19 @@ def bytes_to_unicode():
     return [(b, chr(b)) for b in printable] + [(b, chr(256 + i)) for i, b in enumerate(others)]
 
 
+def merge_pair(parts, left, right):
+    """`parts` with every adjacent (left, right) joined into one symbol, left to right."""
+    merged, i = [], 0
+    while i < len(parts):
+        if i + 1 < len(parts) and parts[i] == left and parts[i + 1] == right:
+            merged.append(left + right)
+            i += 2
+        else:
+            merged.append(parts[i])
+            i += 1
+    return merged
+
+
 def read_vocab(vocab_file):
     with open(vocab_file, encoding="utf-8") as f:
         return json.load(f)
@@ -60,16 +73,7 @@ class ByteLevelBPE:
                     best, best_rank = pair, rank
             if best is None:
                 break
-            left, right = best
-            merged, i = [], 0
-            while i < len(parts):
-                if i + 1 < len(parts) and parts[i] == left and parts[i + 1] == right:
-                    merged.append(left + right)
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
+            parts = merge_pair(parts, *best)
         return [self.encoder[p] for p in parts]
 
     def encode(self, text):

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from megatron.tokenizer.gpt2_bpe import GPT2_PATTERN, bytes_to_unicode  # noqa: E402
+from megatron.tokenizer.gpt2_bpe import GPT2_PATTERN, bytes_to_unicode, merge_pair  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 END_OF_TEXT = "<|endoftext|>"
@@ -65,14 +65,7 @@ class PairCounter:
             word = self.words[i]
             self._add(i, word, -1)
             touched.update(zip(word, word[1:]))
-            merged, j = [], 0
-            while j < len(word):
-                if j + 1 < len(word) and word[j] == left and word[j + 1] == right:
-                    merged.append(left + right)
-                    j += 2
-                else:
-                    merged.append(word[j])
-                    j += 1
+            merged = merge_pair(word, left, right)
             self.words[i] = merged
             self._add(i, merged, +1)
             touched.update(zip(merged, merged[1:]))
