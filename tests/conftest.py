@@ -11,8 +11,11 @@ from launch import explain, run_pretrain  # noqa: E402
 
 # pp2 x tp2 with activation checkpointing: shared by the fork's training test and the profiler's
 # bitwise-identical-losses test, so the 4-process run is paid once per session.
+# The schedule every fork test shares: with --lr-decay-iters fixed, a 5- or 10-iteration run sees the
+# same learning rates as the first iterations of a 20-iteration one, so runs can serve several tests.
+SCHEDULE = ["--global-batch-size", "8", "--lr", "3e-3", "--lr-decay-iters", "20"]
 PP2_TP2_CKPT = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
-                "--global-batch-size", "8", "--train-iters", "20", "--lr", "3e-3", "--checkpoint-activations"]
+                "--train-iters", "20", "--checkpoint-activations"] + SCHEDULE
 
 
 @pytest.fixture(scope="session")

@@ -5,22 +5,32 @@ import pytest
 
 from launch import explain, run_pretrain
 
-LAYOUTS = {  # name: (processes, flags)
-    "pp1_tp1": (1, ["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "1"]),
-    "pp2_tp1": (2, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1"]),
-    "pp1_tp2": (2, ["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "2"]),
-    "pp2_tp2": (4, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"]),
-}
-BATCH = ["--global-batch-size", "8"]  # 4 micro-batches of 2 on every layout (data-parallel size 1)
+from conftest import SCHEDULE
+
+PP1_TP1 = ["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "1"]
+PP1_TP2 = ["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "2"]
+PP2_TP1 = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1"]
+# Every layout: 4 micro-batches of 2 (data-parallel size 1), the same seed, data order and schedule.
 
 
 @pytest.fixture(scope="module")
-def layout_losses(tmp_path_factory):
-    """Five iterations of the same model, seed and data order on each layout."""
-    losses = {}
-    for name, (nprocs, flags) in LAYOUTS.items():
+def pp2_tp1_straight(tmp_path_factory):
+    """10 uninterrupted pp2 x tp1 iterations, saving at 5 and 10: a layout run and the resume reference."""
+    tmp = tmp_path_factory.mktemp("pp2_tp1")
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--save", tmp / "ckpt", "--save-interval", "5"]
+    process, losses = run_pretrain(tmp, 2, flags, name="straight")
+    assert process.returncode == 0, explain(process)
+    return tmp / "ckpt", losses
+
+
+@pytest.fixture(scope="module")
+def layout_losses(tmp_path_factory, pp2_tp1_straight, pp2_tp2_plain_run):
+    """The first five iterations on each layout (pp2 x tp2 with activation checkpointing, which
+    recomputes the same values)."""
+    losses = {"pp2_tp1": pp2_tp1_straight[1], "pp2_tp2": pp2_tp2_plain_run[1]}
+    for name, nprocs, flags in (("pp1_tp1", 1, PP1_TP1), ("pp1_tp2", 2, PP1_TP2)):
         tmp = tmp_path_factory.mktemp(name)
-        process, losses[name] = run_pretrain(tmp, nprocs, flags + BATCH + ["--train-iters", "5"], name=name)
+        process, losses[name] = run_pretrain(tmp, nprocs, flags + SCHEDULE + ["--train-iters", "5"], name=name)
         assert process.returncode == 0, explain(process)
     return losses
 
@@ -31,6 +41,7 @@ def test_parallel_layouts_compute_the_same_model(layout_losses):
     # ~1e-7 relative, so 1e-4 leaves room for Adam amplifying rounding over five steps.
     reference = layout_losses["pp1_tp1"]
     assert sorted(reference) == [1, 2, 3, 4, 5]
+    assert sorted(layout_losses) == ["pp1_tp1", "pp1_tp2", "pp2_tp1", "pp2_tp2"]
     for name, losses in layout_losses.items():
         for iteration, loss in reference.items():
             assert losses[iteration] == pytest.approx(loss, rel=1e-4), (name, iteration)
@@ -47,17 +58,14 @@ def test_pp2_tp2_trains_and_loss_goes_down(pp2_tp2_plain_run):
         assert field in log, field
 
 
-def test_resume_matches_uninterrupted_run(tmp_path):
-    nprocs, flags = LAYOUTS["pp2_tp1"]
-    common = flags + BATCH + ["--train-iters", "10"]
-    straight, straight_losses = run_pretrain(
-        tmp_path, nprocs, common + ["--save", tmp_path / "ckpt", "--save-interval", "5"], name="straight")
-    assert straight.returncode == 0, explain(straight)
+def test_resume_matches_uninterrupted_run(tmp_path, pp2_tp1_straight):
+    checkpoints, straight_losses = pp2_tp1_straight
     # Keep only the iteration-5 checkpoint, as if the run had stopped there.
     resume_dir = tmp_path / "resume_ckpt"
-    shutil.copytree(tmp_path / "ckpt" / "global_step5", resume_dir / "global_step5")
+    shutil.copytree(checkpoints / "global_step5", resume_dir / "global_step5")
     (resume_dir / "latest").write_text("global_step5")
-    resumed, resumed_losses = run_pretrain(tmp_path, nprocs, common + ["--load", resume_dir], name="resumed")
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", resume_dir]
+    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="resumed")
     assert resumed.returncode == 0, explain(resumed)
     assert sorted(resumed_losses) == list(range(6, 11))
     for iteration in range(6, 11):
