@@ -1,4 +1,5 @@
 """Run pretrain_gpt.py (or any script) under the real `deepspeed` launcher, on CPU over gloo."""
+import importlib.util
 import json
 import os
 import socket
@@ -66,3 +67,11 @@ def read_losses(path):
 def explain(process):
     """Enough of a failed run's output to debug it from a CI log."""
     return f"rc={process.returncode}\n--- stdout (tail) ---\n{process.stdout[-4000:]}\n--- stderr (tail) ---\n{process.stderr[-4000:]}"
+
+
+def load_tool(name):
+    """A script of tools/ as a module, to test its functions directly."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,6 +1,5 @@
 """tools/compare_profiles.py on real reports: a report against itself, against another configuration of
 the same model (pp=2 x tp=1 without checkpointing), and against a report of another model."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,17 +11,13 @@ import torch.nn as nn
 
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.report import build_report, write_json
+from launch import load_tool
 from profiled_runs import profiled_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "compare_profiles.py"
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("compare_profiles", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def compare(*args):
@@ -55,7 +50,7 @@ def test_a_report_against_itself_has_zero_deltas(runs, tmp_path):
 
 def test_another_configuration_gives_the_true_differences(runs, tmp_path):
     """tp 2 with checkpointing vs tp 1 without: the same flops but no recompute, module by module."""
-    (a_run, b_run), tool = runs, load_tool()
+    (a_run, b_run), tool = runs, load_tool("compare_profiles")
     a, b = a_run.report, b_run.report
     comparison = tool.compare_reports(a, b)
     totals = {r["metric"]: r for r in comparison["totals"]}

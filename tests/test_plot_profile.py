@@ -1,6 +1,5 @@
 """tools/plot_profile.py on the report and trace of a real pp=2 x tp=2 run: the PNG is written, shows
 both stages and every track, and is not blank."""
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -11,17 +10,13 @@ import pytest
 from matplotlib import image
 from matplotlib.colors import to_rgb
 
+from launch import load_tool
 from profiled_runs import profiled_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "plot_profile.py"
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("plot_profile", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +37,12 @@ def test_png_written_and_not_blank(run, tmp_path):
     colours, counts = np.unique(rgb, axis=0, return_counts=True)
     assert len(colours) > 50
     present = {tuple(c): n for c, n in zip(colours.tolist(), counts)}
-    for part, colour in load_tool().PARTS:  # every part of the stacked bars and the Gantt, as solid fills
+    for part, colour in load_tool("plot_profile").PARTS:  # every part of the stacked bars and the Gantt, as solid fills
         assert present.get(tuple(round(255 * x) for x in to_rgb(colour)), 0) > 50, part
 
 
 def test_figure_has_every_stage_and_track_with_units(run):
-    tool = load_tool()
+    tool = load_tool("plot_profile")
     report = run.report
     figure = tool.plot_profile(report, run.trace)
     bars, gantt = figure.axes[:2]
