@@ -37,11 +37,14 @@ def exit_on_bad_args(message):
 def build_parser(extra_args_provider=None):
     parser = _OneLineParser(description="Megatron-style GPT pre-training on DeepSpeed", allow_abbrev=False)
     _add_model_args(parser)
+    _add_recompute_args(parser)
+    _add_precision_args(parser)
     _add_batch_and_parallel_args(parser)
     _add_optimizer_args(parser)
     _add_training_args(parser)
     _add_data_args(parser)
-    _add_logging_and_checkpoint_args(parser)
+    _add_checkpoint_args(parser)
+    _add_logging_args(parser)
     _add_profiler_args(parser)
     parser = deepspeed.add_config_arguments(parser)
     if extra_args_provider is not None:
@@ -62,11 +65,19 @@ def _add_model_args(parser):
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
     g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
-    g.add_argument("--fp16", action="store_true")
-    g.add_argument("--bf16", action="store_true")
+
+
+def _add_recompute_args(parser):
+    g = parser.add_argument_group("activation recompute")
     g.add_argument("--checkpoint-activations", action="store_true",
                    help="recompute each chunk of --checkpoint-num-layers transformer layers in backward")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)
+
+
+def _add_precision_args(parser):
+    g = parser.add_argument_group("precision")
+    g.add_argument("--fp16", action="store_true")
+    g.add_argument("--bf16", action="store_true")
 
 
 def _add_batch_and_parallel_args(parser):
@@ -121,13 +132,17 @@ def _add_data_args(parser):
                    help="vocabulary of the synthetic source used when no --data-path is given")
 
 
-def _add_logging_and_checkpoint_args(parser):
-    g = parser.add_argument_group("logging and checkpoints")
-    g.add_argument("--log-interval", type=int, default=100)
-    g.add_argument("--tensorboard-dir", default=None)
+def _add_checkpoint_args(parser):
+    g = parser.add_argument_group("checkpoints")
     g.add_argument("--save", default=None)
     g.add_argument("--load", default=None)
     g.add_argument("--save-interval", type=int, default=None)
+
+
+def _add_logging_args(parser):
+    g = parser.add_argument_group("logging")
+    g.add_argument("--log-interval", type=int, default=100)
+    g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--loss-record-file", default=None,
                    help="append each iteration's exact loss as a JSON line (written by the last rank)")
 
@@ -179,8 +194,23 @@ def validate_args(args, world_size):
              f"world size {world_size} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size")
     args.data_parallel_size = world_size // (tp * pp)
 
-    _require(args.num_layers >= 1 and args.hidden_size >= 1, "--num-layers and --hidden-size must be >= 1")
+    _validate_model(args, tp)
     _validate_partition(args, pp)
+    _validate_recompute(args)
+    _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 cannot both be set")
+
+    _validate_batch(args)
+    _validate_schedule(args)
+    _validate_load(args)
+    _validate_data(args)
+    _validate_profiler(args)
+    args.deepspeed_config_dict = _build_deepspeed_config(args)
+    return args
+
+
+def _validate_model(args, tp):
+    """The model's shape: sizes that divide, defaults derived from the other sizes."""
+    _require(args.num_layers >= 1 and args.hidden_size >= 1, "--num-layers and --hidden-size must be >= 1")
     _require(args.num_attention_heads % tp == 0,
              f"--num-attention-heads {args.num_attention_heads} is not divisible by --tensor-model-parallel-size {tp}")
     _require(args.hidden_size % args.num_attention_heads == 0,
@@ -193,16 +223,10 @@ def validate_args(args, world_size):
         args.max_position_embeddings = args.seq_length
     _require(args.seq_length <= args.max_position_embeddings,
              f"--seq-length {args.seq_length} exceeds --max-position-embeddings {args.max_position_embeddings}")
-    _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 cannot both be set")
-    _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
 
-    _validate_batch(args)
-    _validate_schedule(args)
-    _validate_load(args)
-    _validate_data(args)
-    _validate_profiler(args)
-    args.deepspeed_config_dict = _build_deepspeed_config(args)
-    return args
+
+def _validate_recompute(args):
+    _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
 
 
 def _validate_partition(args, pp):

@@ -40,6 +40,7 @@ How it measures
 """
 import functools
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.utils import flop_counter
@@ -49,6 +50,15 @@ from megatron.profiler.flop_formulas import MATRIX, module_flops_for
 from megatron.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
 
 _graph_task_id = torch._C._current_graph_task_id
+
+
+@dataclass(frozen=True)
+class UncountedOp:
+    """An aten op that may do matrix-class work but has no FLOP formula: listed in the report, so a
+    total is never silently smaller than the work done."""
+    op: str  # the overload's name, e.g. "aten.mv.default"
+    phase: str  # "fwd", "bwd" or "recompute"
+    calls: int
 
 
 class _Node:
@@ -280,6 +290,10 @@ class ModuleProfiler:
         string objects repeat for a module, so pickling the list sends each path once."""
         return [(node.path, node.type, len(node.ancestors), PHASE_PREFIXES[phase], start, end)
                 for node, phase, start, end in self._events]
+
+    def uncounted_ops(self):
+        """[UncountedOp] seen while counting, sorted by (op, phase). Filled in by the op classifier."""
+        return []
 
     def totals(self):
         tree = self.tree()
