@@ -20,3 +20,16 @@ def gpt_flops_per_iteration(args):
     forward = layers + head
     return {"fwd_flops": forward, "bwd_flops": 2 * forward,
             "recompute_flops": layers if args.checkpoint_activations else 0}
+
+
+def upstream_flops_per_iteration(args):
+    """FLOPs of one iteration of the whole global batch by Megatron-DeepSpeed's throughput convention.
+
+    Upstream's log line reports TFLOPs = this / (seconds per iteration x world size) / 1e12. Its
+    formula is the paper's closed form, 24 c B s L h^2 (1 + s/(6h) + V/(16 L h)) with c = 4 under
+    activation checkpointing and 3 otherwise, where B is the global batch: a float, not exact.
+    """
+    batch = args.global_batch_size
+    factor = 4 if args.checkpoint_activations else 3
+    h, s, layers, vocab = args.hidden_size, args.seq_length, args.num_layers, args.padded_vocab_size
+    return 24 * factor * batch * s * layers * h * h * (1.0 + s / (6.0 * h) + vocab / (16.0 * layers * h))
