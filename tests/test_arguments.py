@@ -1,11 +1,17 @@
-"""Flags that cannot work together stop the run at start: one line naming the problem, exit code 2."""
+"""Flags that cannot work together stop the run at start: one line naming the problem, exit code 2.
+
+Checked in this process through parse_args (what pretrain_gpt.py runs first, before any collective),
+and once end to end: pretrain_gpt.py alone, and under the launcher with 4 ranks.
+"""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from launch import REPO, TINY_GPT, launch
+from tests.helpers.arguments import one_line_exit_2
+from tests.helpers.flags import TINY_GPT
+from tests.helpers.launch import REPO, launch
 
 BASE = TINY_GPT + ["--train-iters", "5"]
 
@@ -43,15 +49,16 @@ def assert_one_line_exit_2(process, expected):
 
 
 @pytest.mark.parametrize("extra,world_size,expected", BAD_COMBINATIONS)
-def test_bad_flags_exit_2_with_one_line(extra, world_size, expected, tmp_path):
-    assert_one_line_exit_2(run_direct(extra, world_size, tmp_path), expected)
+def test_bad_flags_exit_2_with_one_line(extra, world_size, expected, monkeypatch, capsys):
+    assert expected in one_line_exit_2(BASE + extra, world_size, monkeypatch, capsys)
 
 
-def test_deepspeed_config_contradicting_flags(tmp_path):
+def test_deepspeed_config_contradicting_flags(tmp_path, monkeypatch, capsys):
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}))
-    process = run_direct(["--global-batch-size", "4", "--deepspeed", "--deepspeed_config", str(config)], 1, tmp_path)
-    assert_one_line_exit_2(process, "DeepSpeed config train_batch_size=8 contradicts the flags (which give 4")
+    line = one_line_exit_2(BASE + ["--global-batch-size", "4", "--deepspeed", "--deepspeed_config", config], 1,
+                           monkeypatch, capsys)
+    assert "DeepSpeed config train_batch_size=8 contradicts the flags (which give 4" in line
 
 
 @pytest.mark.parametrize("section,expected", [
@@ -59,13 +66,13 @@ def test_deepspeed_config_contradicting_flags(tmp_path):
     ({"enabled": "yes"}, "flops_profiler.enabled has the wrong type: str"),
     ({"enabled": True, "module_depth": 1.5}, "flops_profiler.module_depth has the wrong type: float"),
 ])
-def test_bad_flops_profiler_section(section, expected, tmp_path):
+def test_bad_flops_profiler_section(section, expected, tmp_path, monkeypatch, capsys):
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"flops_profiler": section}))
-    process = run_direct(["--deepspeed", "--deepspeed_config", str(config)], 1, tmp_path)
-    assert_one_line_exit_2(process, expected)
+    assert expected in one_line_exit_2(BASE + ["--deepspeed", "--deepspeed_config", config], 1, monkeypatch, capsys)
 
 
+@pytest.mark.launch
 def test_every_launched_rank_exits_2_without_hanging(tmp_path):
     """Under the deepspeed launcher with 4 ranks, the launcher itself ends with code 2."""
     process = launch(REPO / "pretrain_gpt.py", 4, BASE + ["--global-batch-size", "6"], cwd=tmp_path, timeout=120)
@@ -74,7 +81,9 @@ def test_every_launched_rank_exits_2_without_hanging(tmp_path):
     assert (process.stderr + process.stdout).count("error: --global-batch-size 6 is not divisible by") == 1
 
 
+@pytest.mark.launch
 def test_corrupt_index_file_exits_2_before_any_collective(tmp_path):
+    """End to end: pretrain_gpt.py alone, told it is one of 4 ranks, so reaching a collective would hang."""
     from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
 
     prefix = str(tmp_path / "corpus_text_document")

@@ -5,7 +5,11 @@ import re
 import subprocess
 import sys
 
-from launch import REPO, explain, free_port, deepspeed_launcher
+import pytest
+
+from tests.helpers.launch import REPO, deepspeed_launcher, explain, free_port
+
+pytestmark = pytest.mark.launch
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 

@@ -11,8 +11,8 @@ import torch.nn as nn
 
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.report import build_report, write_json
-from launch import load_tool
-from profiled_runs import profiled_run
+from tests.helpers.launch import load_tool
+from tests.helpers.profiled_runs import profiled_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "compare_profiles.py"
@@ -34,6 +34,7 @@ def _is_sorted_by_change(rows):
     return sizes == sorted(sizes, reverse=True)
 
 
+@pytest.mark.launch
 def test_a_report_against_itself_has_zero_deltas(runs, tmp_path):
     run, _ = runs
     rows_file = tmp_path / "rows.json"
@@ -48,6 +49,7 @@ def test_a_report_against_itself_has_zero_deltas(runs, tmp_path):
         assert row["delta"] == 0 and row["change"] == 0 and row["a"] == row["b"]
 
 
+@pytest.mark.launch
 def test_another_configuration_gives_the_true_differences(runs, tmp_path):
     """tp 2 with checkpointing vs tp 1 without: the same flops but no recompute, module by module."""
     (a_run, b_run), tool = runs, load_tool("compare_profiles")
@@ -111,6 +113,7 @@ def tiny_model_report(path):
     return path
 
 
+@pytest.mark.launch
 def test_different_models_are_refused_in_one_line(runs, tmp_path):
     run, _ = runs
     other = tiny_model_report(tmp_path / "tiny.json")

@@ -15,15 +15,15 @@ import sys
 import psutil
 import pytest
 
-from launch import REPO, TINY_GPT, explain, launch, read_losses
-from megatron.arguments import parse_args
-from multinode import explain_nodes, run_nodes
-from tiny_gpt_profile import check_totals
+from tests.helpers.arguments import one_line_exit_2
+from tests.helpers.flags import PP2, TINY_GPT, layout
+from tests.helpers.launch import REPO, explain, launch, read_losses
+from tests.helpers.multinode import explain_nodes, run_nodes
+from tests.helpers.tiny_gpt import check_totals
 
 FAULT_SCRIPT = REPO / "tests" / "scripts" / "pretrain_with_fault.py"
 FAILURE_BOUND_S = 20
 DIST_TIMEOUT_S = 30
-PP2 = ["--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
 
 
 def fault_env(rank, iteration, at):
@@ -52,6 +52,7 @@ def error_lines(text, rank):
 
 
 # ---------------------------------------------------------------------------- a rank dies
+@pytest.mark.launch
 def test_rank_killed_in_the_profiled_iteration_ends_both_nodes(tmp_path):
     """pp 2 x dp 2 over two launchers; rank 3 (node 1) is SIGKILLed in its second backward pass of
     the profiled iteration 2. Ranks 0, 1 (node 0) see their connections break; the node-1 launcher
@@ -75,10 +76,10 @@ def test_rank_killed_in_the_profiled_iteration_ends_both_nodes(tmp_path):
     assert not (tmp_path / "profile" / "flops_profile_step2.json").exists()
 
 
+@pytest.mark.launch
 def test_killed_rank_0_is_named_though_the_store_died_with_it(tmp_path):
     """Rank 0 hosts the rendezvous store: when it is killed, the others name it from the store's silence."""
-    flags = TINY_GPT + ["--pipeline-model-parallel-size", "2", "--global-batch-size", "4", "--train-iters", "2",
-                        "--profile-flops-step", "2"]
+    flags = TINY_GPT + layout(pp=2) + ["--global-batch-size", "4", "--train-iters", "2", "--profile-flops-step", "2"]
     process = launch(FAULT_SCRIPT, 2, flags, cwd=tmp_path, timeout=240, env=fault_env(0, 2, "backward"))
     output = process.stdout + process.stderr
     assert process.returncode != 0, explain(process)
@@ -86,11 +87,11 @@ def test_killed_rank_0_is_named_though_the_store_died_with_it(tmp_path):
     assert len(lines) == 1 and "rank 0 failed first" in lines[0], explain(process)
 
 
+@pytest.mark.launch
 def test_an_error_on_one_rank_is_named_with_its_traceback_once(tmp_path):
     """A bug, not a kill: rank 1 raises in the profiled iteration. It prints its traceback and says it
     failed; rank 0, whose connection then breaks, names rank 1 and its error instead of a traceback."""
-    flags = TINY_GPT + ["--pipeline-model-parallel-size", "2", "--global-batch-size", "4", "--train-iters", "2",
-                        "--profile-flops-step", "2"]
+    flags = TINY_GPT + layout(pp=2) + ["--global-batch-size", "4", "--train-iters", "2", "--profile-flops-step", "2"]
     process = launch(FAULT_SCRIPT, 2, flags, cwd=tmp_path, timeout=240, env=fault_env(1, 2, "raise"))
     output = process.stdout + process.stderr
     assert process.returncode == 1, explain(process)
@@ -102,6 +103,7 @@ def test_an_error_on_one_rank_is_named_with_its_traceback_once(tmp_path):
 
 
 # ---------------------------------------------------------------------------- killed while saving
+@pytest.mark.launch
 def test_kill_while_saving_keeps_the_last_complete_checkpoint_and_the_resumed_run_profiles(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     common = TINY_GPT + PP2 + ["--train-iters", "4", "--save", checkpoints, "--save-interval", "2"]
@@ -148,6 +150,7 @@ def bad_load_dir(tmp_path, tag="global_step2", create=True):
     return load
 
 
+@pytest.mark.launch
 def test_profile_step_before_the_resumed_iteration_exits_2_before_any_collective(tmp_path):
     """End to end: pretrain_gpt.py alone, told it is one of 4 ranks, so reaching a collective would hang."""
     extra = ["--train-iters", "5", "--load", bad_load_dir(tmp_path), "--profile-flops-step", "2"]
@@ -182,11 +185,10 @@ BAD_INPUT = {  # name: (flags after TINY_GPT --train-iters 5, given a tmp dir; w
     "partition_regex": (lambda tmp: ["--pp-partition-method", "type:transformer|("],
                         "is not a valid regular expression"),
     "partition_too_few_layers": (
-        lambda tmp: ["--num-layers", "2", "--pipeline-model-parallel-size", "4", "--pp-partition-method",
-                     "type:transformer"],
+        lambda tmp: ["--num-layers", "2"] + layout(pp=4) + ["--pp-partition-method", "type:transformer"],
         "--pipeline-model-parallel-size 4 exceeds the 2 layers --pp-partition-method type:transformer weighs"),
     "zero_stage_2_with_pipeline": (
-        lambda tmp: ["--pipeline-model-parallel-size", "2"] + _config(tmp, {"zero_optimization": {"stage": 2}}),
+        lambda tmp: layout(pp=2) + _config(tmp, {"zero_optimization": {"stage": 2}}),
         "ZeRO stage 2 cannot shard a pipeline's gradients"),
 }
 
@@ -195,9 +197,4 @@ BAD_INPUT = {  # name: (flags after TINY_GPT --train-iters 5, given a tmp dir; w
 def test_bad_input_exits_2_with_one_line(name, tmp_path, monkeypatch, capsys):
     """In this process, where no process group exists: any collective would raise, not exit 2."""
     flags, expected = BAD_INPUT[name]
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(SystemExit) as exit_info:
-        parse_args([str(a) for a in TINY_GPT + ["--train-iters", "5"] + flags(tmp_path)], world_size=4)
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert expected in one_line_exit_2(TINY_GPT + ["--train-iters", "5"] + flags(tmp_path), 4, monkeypatch, capsys)

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.data.indexed_dataset import (IndexFileError, MMapIndexedDataset, MMapIndexedDatasetBuilder,
-                                           best_fitting_dtype, data_file_path, index_file_path)
+from megatron.data.indexed_dataset import (
+    IndexFileError,
+    MMapIndexedDataset,
+    MMapIndexedDatasetBuilder,
+    best_fitting_dtype,
+    data_file_path,
+    index_file_path,
+)
 
 STRUCT_CODES = {np.uint8: (1, "B"), np.int8: (2, "b"), np.int16: (3, "h"), np.int32: (4, "i"), np.int64: (5, "q"),
                 np.float64: (6, "d"), np.float32: (7, "f"), np.uint16: (8, "H")}

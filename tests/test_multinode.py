@@ -12,9 +12,12 @@ import subprocess
 
 import pytest
 
-from launch import REPO, TINY_GPT, deepspeed_launcher, explain, free_port, remove_shm_buffers
-from multinode import PROFILE_STEP, two_node_profile, write_hostfile
-from tiny_gpt_profile import check_instruction_counts, check_totals, stage_layers
+from tests.helpers.flags import TINY_GPT, layout
+from tests.helpers.launch import REPO, deepspeed_launcher, explain, free_port, remove_shm_buffers
+from tests.helpers.multinode import PROFILE_STEP, two_node_profile, write_hostfile
+from tests.helpers.tiny_gpt import check_instruction_counts, check_totals, stage_layers
+
+pytestmark = pytest.mark.launch
 
 HEADER = "DeepSpeed Flops Profiler"
 PRETRAIN = REPO / "pretrain_gpt.py"
@@ -116,7 +119,7 @@ def test_pp4_through_ssh_and_pdsh(local_sshd, tmp_path):
                PATH=f"{local_sshd}{os.pathsep}{os.environ['PATH']}")
     port = free_port()
     command = [deepspeed_launcher(), "--hostfile", str(hostfile), "--master_port", str(port), str(PRETRAIN)]
-    command += [str(a) for a in TINY_GPT + ["--pipeline-model-parallel-size", "4", "--global-batch-size", "8",
+    command += [str(a) for a in TINY_GPT + layout(pp=4) + ["--global-batch-size", "8",
                                             "--train-iters", "1", "--profile-flops-step", "1",
                                             "--profile-flops-output", tmp_path / "profile"]]
     try:

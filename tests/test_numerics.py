@@ -10,13 +10,16 @@ import json
 
 import pytest
 
-from launch import TINY_GPT, explain, run_pretrain
+from tests.helpers.flags import TINY_GPT, layout
+from tests.helpers.launch import explain, run_pretrain
+
+pytestmark = pytest.mark.launch
 
 ITERS = 3
 PROFILE_STEP = 2
-FLAGS = TINY_GPT + ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
-                    "--global-batch-size", "8", "--train-iters", str(ITERS), "--checkpoint-activations",
-                    "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
+FLAGS = TINY_GPT + layout(pp=2, tp=2) + ["--global-batch-size", "8", "--train-iters", str(ITERS),
+                                         "--checkpoint-activations", "--hidden-dropout", "0.1",
+                                         "--attention-dropout", "0.1"]
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 from matplotlib import image
 from matplotlib.colors import to_rgb
 
-from launch import load_tool
-from profiled_runs import profiled_run
+from tests.helpers.launch import load_tool
+from tests.helpers.profiled_runs import profiled_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "plot_profile.py"
@@ -24,6 +24,7 @@ def run(tmp_path_factory):
     return profiled_run(tmp_path_factory, "pp2_tp2_checkpointed")
 
 
+@pytest.mark.launch
 def test_png_written_and_not_blank(run, tmp_path):
     out = tmp_path / "profile.png"
     process = subprocess.run([sys.executable, str(TOOL), str(run.report_path), "-o", str(out)],
@@ -41,6 +42,7 @@ def test_png_written_and_not_blank(run, tmp_path):
         assert present.get(tuple(round(255 * x) for x in to_rgb(colour)), 0) > 50, part
 
 
+@pytest.mark.launch
 def test_figure_has_every_stage_and_track_with_units(run):
     tool = load_tool("plot_profile")
     report = run.report
@@ -61,6 +63,7 @@ def test_figure_has_every_stage_and_track_with_units(run):
         assert expected["recompute"] == stage["modules"]["recompute_latency_s"] > 0
 
 
+@pytest.mark.launch
 def test_without_a_trace_the_bars_alone(run, tmp_path):
     report = tmp_path / "flops_profile_step2.json"
     shutil.copy(run.report_path, report)

@@ -3,13 +3,12 @@ import shutil
 
 import pytest
 
-from launch import explain, run_pretrain
+from tests.helpers.flags import SCHEDULE, layout
+from tests.helpers.launch import explain, run_pretrain
 
-from conftest import SCHEDULE
+pytestmark = pytest.mark.launch
 
-PP1_TP1 = ["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "1"]
-PP1_TP2 = ["--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "2"]
-PP2_TP1 = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1"]
+PP1_TP1, PP1_TP2, PP2_TP1 = layout(pp=1, tp=1), layout(pp=1, tp=2), layout(pp=2, tp=1)
 # Every layout: 4 micro-batches of 2 (data-parallel size 1), the same seed, data order and schedule.
 
 

@@ -5,8 +5,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from megatron.profiler.report import build_report, profile_scalars
-from profiled_runs import PEAK_TFLOPS, PROFILE_STEP, profiled_run
-from test_trace import schedule_entries, schedule_meta
+from tests.helpers.profiled_runs import PEAK_TFLOPS, PROFILE_STEP, profiled_run
+from tests.helpers.schedules import schedule_entries, schedule_meta
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +14,7 @@ def run(tmp_path_factory):
     return profiled_run(tmp_path_factory, "pp2_tp2_checkpointed")
 
 
+@pytest.mark.launch
 def test_profile_scalars_are_in_the_event_file(run):
     report = run.report
     events = EventAccumulator(str(run.tensorboard_dir))

@@ -4,37 +4,14 @@ import re
 
 import pytest
 
-from conftest import PP2_TP2_CKPT
-from launch import REPO, TINY_GPT, explain, launch, run_pretrain
 from megatron.profiler.printer import number_to_string
 from megatron.profiler.report import validate_report
+from tests.helpers.flags import PP2_TP2, PP2_TP2_CKPT, layout
+from tests.helpers.launch import REPO, explain, launch, run_pretrain
+from tests.helpers.tiny_gpt import dense_params, expected_flops
 
 HEADER = "DeepSpeed Flops Profiler"
-PP2_TP2 = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--global-batch-size", "8"]
-
-
-def tiny_shape():
-    value = dict(zip(TINY_GPT[::2], TINY_GPT[1::2]))
-    h, s, layers = int(value["--hidden-size"]), int(value["--seq-length"]), int(value["--num-layers"])
-    vocab = 192  # the synthetic vocabulary, already a multiple of 8 x tp 2: no padding
-    return h, s, layers, vocab
-
-
-def dense_params(h, s, layers, vocab, ffn):
-    layer = (3 * h * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 4 * h
-    return vocab * h + s * h + layers * layer + 2 * h
-
-
-def expected_flops(sequences):
-    """Forward by the spec's formula; backward: GEMMs 2x, attention as the CPU flash kernel runs it:
-    it recomputes Q K^T, then dV, dP, dQ, dK, so 5 GEMMs where the forward has 2 (2.5x)."""
-    h, s, layers, vocab = tiny_shape()
-    attention_fwd = layers * 4 * sequences * s * s * h
-    layer_fwd = layers * 24 * sequences * s * h * h + attention_fwd
-    fwd = layer_fwd + 2 * sequences * s * h * vocab
-    attention_bwd = attention_fwd * 5 // 2
-    bwd = 2 * (fwd - attention_fwd) + attention_bwd
-    return fwd, bwd, layer_fwd
+pytestmark = pytest.mark.launch
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +37,14 @@ def test_one_report_printed_once(profiled):
 
 def test_flops_and_params_exact(profiled):
     _, _, report = profiled
-    h, s, layers, vocab = tiny_shape()
     sequences = 2 * 4  # micro-batch size x micro-batches
-    fwd, bwd, layer_fwd = expected_flops(sequences)
+    fwd, bwd, layer_fwd = expected_flops(4, sequences)
     totals = report["totals"]
     assert totals["fwd_flops"] == fwd
     assert totals["bwd_flops"] == bwd
     assert 2.0 <= totals["bwd_flops"] / totals["fwd_flops"] <= 2.25
     assert totals["recompute_flops"] == layer_fwd
-    assert totals["params"] == dense_params(h, s, layers, vocab, 4 * h)
+    assert totals["params"] == dense_params(4)
     assert report["activation_checkpointing"] is True
 
 
@@ -124,20 +100,20 @@ def test_no_recompute_without_checkpointing_and_the_flag_wins_over_the_config(tm
     assert report["activation_checkpointing"] is False
     for stage in report["stages"]:
         assert all(node["recompute_flops"] == 0 and node["recompute_latency_s"] == 0 for node in _walk(stage["modules"]))
-    fwd, bwd, _ = expected_flops(8)
+    fwd, bwd, _ = expected_flops(4, 8)
     assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"], report["totals"]["recompute_flops"]) == (fwd, bwd, 0)
 
 
 def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
     """--no-pipeline-parallel: a DeepSpeedEngine (pp=1, tp=2), profiled by the same flag."""
-    flags = ["--no-pipeline-parallel", "--tensor-model-parallel-size", "2", "--global-batch-size", "8",
+    flags = ["--no-pipeline-parallel"] + layout(tp=2) + ["--global-batch-size", "8",
              "--train-iters", "2", "--profile-flops-step", "2", "--profile-flops-output", tmp_path]
     process, _ = run_pretrain(tmp_path, 2, flags)
     assert process.returncode == 0, explain(process)
     assert (process.stdout + process.stderr).count(HEADER) == 1
     report = json.loads((tmp_path / "flops_profile_step2.json").read_text())
     validate_report(report)
-    fwd, bwd, _ = expected_flops(8)
+    fwd, bwd, _ = expected_flops(4, 8)
     assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"]) == (fwd, bwd)
     assert report["stages"][0]["instructions"]["BackwardPass"]["count"] == 4
 

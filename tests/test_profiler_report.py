@@ -11,8 +11,15 @@ import pytest
 
 from megatron.profiler.peaks import peak_tflops_for
 from megatron.profiler.printer import HEADER, format_report
-from megatron.profiler.report import (NOTES, aggregate_by_depth, build_report, load_schema, merge_stage_trees,
-                                      validate_report, write_json)
+from megatron.profiler.report import (
+    NOTES,
+    aggregate_by_depth,
+    build_report,
+    load_schema,
+    merge_stage_trees,
+    validate_report,
+    write_json,
+)
 
 PP, TP, DP = 2, 2, 2
 HIDDEN, VOCAB, SEQ = 8, 32, 16

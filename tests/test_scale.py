@@ -2,10 +2,23 @@
 micro-batches, and ZeRO stage 1 under the pipeline. Exact params and analytic FLOPs throughout."""
 import json
 
-from launch import TINY_GPT, explain, run_pretrain
-from multinode import PROFILE_STEP, two_node_profile
-from tiny_gpt_profile import (HIDDEN, LAYER_TYPE, SEQ, VOCAB, check_instruction_counts, check_stage_params,
-                              check_totals, stage_layers)
+import pytest
+
+from tests.helpers.flags import TINY_GPT, layout
+from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.multinode import PROFILE_STEP, two_node_profile
+from tests.helpers.tiny_gpt import (
+    HIDDEN,
+    LAYER_TYPE,
+    SEQ,
+    VOCAB,
+    check_instruction_counts,
+    check_stage_params,
+    check_totals,
+    stage_layers,
+)
+
+pytestmark = pytest.mark.launch
 
 HEADER = "DeepSpeed Flops Profiler"
 
@@ -21,8 +34,8 @@ def profile(tmp_path, nprocs, flags, step=1, timeout=300):
 
 def test_pipeline_8_on_8_ranks(tmp_path):
     """8 stages of one layer each, 8 micro-batches, activation checkpointing."""
-    _, report = profile(tmp_path, 8, ["--num-layers", "8", "--pipeline-model-parallel-size", "8",
-                                      "--global-batch-size", "16", "--train-iters", "1", "--checkpoint-activations"])
+    _, report = profile(tmp_path, 8, ["--num-layers", "8"] + layout(pp=8)
+                        + ["--global-batch-size", "16", "--train-iters", "1", "--checkpoint-activations"])
     assert report["parallelism"]["pipeline_parallel_size"] == 8
     assert [stage["global_ranks"] for stage in report["stages"]] == [[rank] for rank in range(8)]
     check_totals(report, layers=8, sequences=16, checkpointing=True)
@@ -33,8 +46,7 @@ def test_pipeline_8_on_8_ranks(tmp_path):
 
 def test_uneven_partition_and_a_single_micro_batch(tmp_path):
     """5 layers on 2 stages (3 + 2), one micro-batch: the 1F1B schedule degenerates to F, B per stage."""
-    _, report = profile(tmp_path, 2, ["--num-layers", "5", "--pipeline-model-parallel-size", "2",
-                                      "--global-batch-size", "2", "--train-iters", "1"])
+    _, report = profile(tmp_path, 2, ["--num-layers", "5"] + layout(pp=2) + ["--global-batch-size", "2", "--train-iters", "1"])
     assert report["parallelism"]["micro_batches"] == 1
     check_totals(report, layers=5, sequences=2, checkpointing=False)
     assert stage_layers(report) == [[1, 2, 3], [4, 5]]

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from launch import free_port
 from megatron import mpu
+from tests.helpers.launch import free_port
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-5)
 SEED = 1234
@@ -338,6 +338,7 @@ def tp2_results(tmp_path_factory):
     return _run_on_ranks(_tp2_body, 2, tmp_path_factory.mktemp("tp2"))
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("check", [check.__name__ for check in TP2_CHECKS])
 def test_tp2(tp2_results, check):
     _assert_passed(tp2_results, check)
@@ -410,6 +411,7 @@ def _expected_tp1_pp2(rank):
             "data_group_ranks": data, "first_last_stage": [rank < 2, rank >= 2]}
 
 
+@pytest.mark.launch
 def test_group_layout_matches_deepspeed_topology(tmp_path):
     layouts = _run_on_ranks(_four_rank_body, 4, tmp_path)
     for rank, layout in layouts.items():

@@ -12,17 +12,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
-from deepspeed.runtime.pipe.schedule import TrainSchedule
 
-from launch import free_port
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.pipeline_profiler import measure_clock_offset
 from megatron.profiler.printer import duration_to_string, format_report
 from megatron.profiler.report import build_report, validate_report
 from megatron.profiler.trace import FLOW_CATEGORY, INSTRUCTION_CATEGORY, build_trace
-from profiled_runs import PROFILE_STEP, profiled_run
+from tests.helpers.launch import free_port
+from tests.helpers.profiled_runs import PROFILE_STEP, profiled_run
+from tests.helpers.schedules import TB, TF, schedule_entries, schedule_meta, simulate_1f1b
 
-TF, TB = 0.25, 0.5  # ideal forward and backward times per micro-batch: exact binary fractions
 COMM = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 EPS_US = 1e-3  # float rounding of microsecond timestamps
 
@@ -43,6 +42,7 @@ def _clock_worker(rank, world, port, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.launch
 def test_clock_offsets_are_found_within_their_error_bounds(tmp_path):
     """3 processes on one host share perf_counter (true offset 0); then each adds a known shift."""
     mp.spawn(_clock_worker, args=(3, free_port(), str(tmp_path)), nprocs=3)
@@ -56,66 +56,6 @@ def test_clock_offsets_are_found_within_their_error_bounds(tmp_path):
 
 
 # ---------------------------------------------------------------- DeepSpeed's 1F1B schedule, ideal hardware
-def simulate_1f1b(stages, micro_batches):
-    """Per stage, the (instruction, kwargs, start, end) events of DeepSpeed's TrainSchedule when forward
-    takes TF, backward TB and every other instruction no time; a receive ends when its send has."""
-    commands = [[c for step in TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=s).steps()
-                 for c in step] for s in range(stages)]
-    position, clock = [0] * stages, [0.0] * stages
-    events, seen, sent = [[] for _ in range(stages)], [defaultdict(int) for _ in range(stages)], {}
-    receiver = {"SendActivation": (1, "RecvActivation"), "SendGrad": (-1, "RecvGrad")}
-    while any(position[s] < len(commands[s]) for s in range(stages)):
-        for s in range(stages):
-            while position[s] < len(commands[s]):
-                command = commands[s][position[s]]
-                name = type(command).__name__
-                k = seen[s][name]
-                start = clock[s]
-                if name in ("RecvActivation", "RecvGrad"):
-                    if (s, name, k) not in sent:
-                        break
-                    end = max(start, sent[(s, name, k)])
-                else:
-                    end = start + {"ForwardPass": TF, "BackwardPass": TB}.get(name, 0.0)
-                if name in receiver:
-                    step, recv = receiver[name]
-                    sent[(s + step, recv, k)] = end
-                seen[s][name] += 1
-                events[s].append((name, dict(command.kwargs), start, end))
-                clock[s], position[s] = end, position[s] + 1
-    return events
-
-
-def schedule_entries(stages, micro_batches, tp=1, shifts=None):
-    """Gathered rank entries of the simulated schedule; rank r's clock runs shifts[r] seconds ahead."""
-    shifts = shifts or {}
-    entries = []
-    for stage_id, events in enumerate(simulate_1f1b(stages, micro_batches)):
-        for tp_rank in range(tp):
-            rank = stage_id * tp + tp_rank
-            shift = shifts.get(rank, 0.0)
-            totals = defaultdict(lambda: {"count": 0, "total_s": 0.0})
-            for name, _, start, end in events:
-                totals[name]["count"] += 1
-                totals[name]["total_s"] += end - start
-            entries.append({
-                "global_rank": rank, "stage_id": stage_id, "tp_rank": tp_rank, "dp_rank": 0,
-                "modules": {"name": "Stage", "type": "Stage", "params": 10, "children": []},
-                "instructions": dict(totals), "peak_memory_bytes": None,
-                "train_batch_latency_s": events[-1][3] - events[0][2],
-                "events": [(name, kwargs, start + shift, end + shift) for name, kwargs, start, end in events],
-                "clock_offset_s": shift, "clock_error_s": 2.0 ** -20,
-            })
-    return entries
-
-
-def schedule_meta(stages, micro_batches, tp=1):
-    return {"step": 3, "world_size": stages * tp, "pipeline_parallel_size": stages, "tensor_parallel_size": tp,
-            "data_parallel_size": 1, "micro_batches": micro_batches, "micro_batch_size": 1, "seq_length": 4,
-            "activation_checkpointing": False, "analytic": None, "peak_tflops": None, "device_name": "cpu",
-            "dtype": "fp32"}
-
-
 @pytest.mark.parametrize("stages, micro_batches", [(2, 4), (3, 5), (4, 8)])
 def test_ideal_1f1b_idles_exactly_the_ideal_bubble(stages, micro_batches):
     """DeepSpeed's schedule on ideal hardware: span (m + p - 1)(tf + tb), every stage idle (p-1)/(m+p-1)."""
@@ -240,6 +180,7 @@ def _tracks(trace):
     return tracks
 
 
+@pytest.mark.launch
 def test_trace_written_beside_the_report(run):
     assert run.trace_path.parent == run.report_path.parent and run.trace_path.name == f"pipeline_trace_step{PROFILE_STEP}.json"
     trace = run.trace
@@ -252,6 +193,7 @@ def test_trace_written_beside_the_report(run):
     assert trace["otherData"]["step"] == PROFILE_STEP
 
 
+@pytest.mark.launch
 def test_trace_slices_add_up_to_the_report(run):
     """Every stage, every instruction the JSON counts: the count on each tp track, and the largest
     track's total equal to the JSON's (the stage's time is its slowest tp rank's), far within 1%."""
@@ -270,6 +212,7 @@ def test_trace_slices_add_up_to_the_report(run):
         assert micro_batches == [0, 1, 2, 3]
 
 
+@pytest.mark.launch
 def test_every_send_flows_to_its_receive(run):
     trace = run.trace
     tracks = _tracks(trace)
@@ -296,6 +239,7 @@ def test_every_send_flows_to_its_receive(run):
     assert trace["otherData"]["sends_without_receive"] == 0
 
 
+@pytest.mark.launch
 def test_module_slices_nest_under_their_passes(run):
     report, tracks = run.report, _tracks(run.trace)
     home = {"module.fwd": "ForwardPass", "module.bwd": "BackwardPass", "module.recompute": "BackwardPass"}
@@ -328,6 +272,7 @@ def test_module_slices_nest_under_their_passes(run):
         assert bwd_alone == pytest.approx(root["bwd_latency_s"], rel=1e-6)
 
 
+@pytest.mark.launch
 def test_clocks_aligned_and_bubble_reported(run):
     report, trace = run.report, run.trace
     sync = trace["otherData"]["clock_sync"]

@@ -3,8 +3,8 @@ DeepSpeed config's flops_profiler section enabled; the report goes to output_fil
 import json
 import sys
 
-import torch
 import deepspeed
+import torch
 
 import patches
 

@@ -3,9 +3,9 @@ and the DeepSpeed config's flops_profiler section enabled."""
 import json
 import sys
 
+import deepspeed
 import torch
 import torch.nn.functional as F
-import deepspeed
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
 import patches

@@ -1,4 +1,9 @@
-"""Run pretrain_gpt.py (or any script) under the real `deepspeed` launcher, on CPU over gloo."""
+"""Run pretrain_gpt.py (or any script) under the real `deepspeed` launcher, on CPU over gloo.
+
+Every multi-process test carries the `launch` marker, so `-m "not launch"` keeps the in-process tier
+fast. free_port() and deepspeed_launcher(), which every launch needs, check it: a test that starts
+processes without the marker fails at once instead of slowing the fast tier down.
+"""
 import importlib.util
 import json
 import os
@@ -7,25 +12,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.flags import TINY_GPT
 
-# A tiny GPT: big enough to have every kind of layer, small enough for a 2-core CI machine.
-TINY_GPT = [
-    "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-    "--seq-length", "16", "--max-position-embeddings", "16",
-    "--micro-batch-size", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "2",
-    "--hidden-dropout", "0", "--attention-dropout", "0", "--synthetic-vocab-size", "192",
-    "--make-vocab-size-divisible-by", "8", "--log-interval", "1", "--eval-iters", "0", "--seed", "1234",
-]
+REPO = Path(__file__).resolve().parents[2]
+
+_launches_allowed = True
+
+
+def allow_launches(allowed):
+    """Set by conftest before each test: whether the test carries the `launch` marker."""
+    global _launches_allowed
+    _launches_allowed = allowed
+
+
+def _require_launch_marker():
+    if not _launches_allowed:
+        raise RuntimeError("this test starts processes: mark it @pytest.mark.launch")
 
 
 def free_port():
+    _require_launch_marker()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def deepspeed_launcher():
+    _require_launch_marker()
     return str(Path(sys.executable).parent / "deepspeed")
 
 

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch import REPO, TINY_GPT, deepspeed_launcher, free_port, remove_shm_buffers
+from tests.helpers.flags import PP2, TINY_GPT, layout
+from tests.helpers.launch import REPO, deepspeed_launcher, free_port, remove_shm_buffers
 
 HOSTS = ("localhost", "127.0.0.1")
 PROFILE_STEP = 1
@@ -28,14 +29,12 @@ def _deepspeed_config(tmp, config):
 # checks what is multi-node about them, test_scale their shapes (a launch costs ~20 s on 2 cores).
 RUNS = {  # name: flags after TINY_GPT, given the run's directory
     # pipeline 2 x data 2 with ZeRO stage 1, saving a checkpoint at the end
-    "pp2_dp2_zero1": lambda tmp: ["--pipeline-model-parallel-size", "2", "--global-batch-size", "8",
-                                  "--save", tmp / "checkpoints"]
+    "pp2_dp2_zero1": lambda tmp: PP2 + ["--save", tmp / "checkpoints"]
     + _deepspeed_config(tmp, {"zero_optimization": {"stage": 1}}),
     # pipeline 4 over 2 layers, embedding and LM head weighed: stage 0 holds only the embedding,
     # stage 3 only the LM head; 16 micro-batches, activation checkpointing
-    "pp4_embedding_stage": lambda tmp: ["--num-layers", "2", "--pipeline-model-parallel-size", "4",
-                                        "--pp-partition-method", "type:transformer|embedding",
-                                        "--global-batch-size", "32", "--checkpoint-activations"],
+    "pp4_embedding_stage": lambda tmp: ["--num-layers", "2"] + layout(pp=4)
+    + ["--pp-partition-method", "type:transformer|embedding", "--global-batch-size", "32", "--checkpoint-activations"],
 }
 _runs = {}
 

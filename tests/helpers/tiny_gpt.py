@@ -1,11 +1,11 @@
-"""The exact numbers a profile report of the tiny GPT (launch.TINY_GPT) must hold, from its shape alone.
+"""The exact numbers a profile report of the tiny GPT (flags.TINY_GPT) must hold, from its shape alone.
 
-FLOPs as in test_profiler_pipeline.py: forward by the spec's formula (2 per multiply-accumulate,
-attention dense); backward 2x every GEMM, and 5 attention GEMMs where the forward has 2 (the CPU
-flash kernel recomputes Q K^T, then dV, dP, dQ, dK); recompute = the transformer layers' forward.
+FLOPs: forward by the Megatron-LM formula (2 per multiply-accumulate, attention dense); backward 2x
+every GEMM, and 5 attention GEMMs where the forward has 2 (the CPU flash kernel recomputes Q K^T,
+then dV, dP, dQ, dK); recompute = the transformer layers' forward.
 """
-from launch import TINY_GPT
 from megatron.profiler.report import validate_report
+from tests.helpers.flags import TINY_GPT
 
 _FLAGS = dict(zip(TINY_GPT[::2], TINY_GPT[1::2]))
 HIDDEN = int(_FLAGS["--hidden-size"])

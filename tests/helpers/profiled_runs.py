@@ -7,18 +7,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch import explain, run_pretrain
+from tests.helpers.flags import layout
+from tests.helpers.launch import explain, run_pretrain
 
 PROFILE_STEP = 2
 PEAK_TFLOPS = 0.5  # a made-up device peak, so that the report has an MFU on CPU
 CONFIGS = {
     # pp=2 x tp=2, 4 micro-batches, activation checkpointing
-    "pp2_tp2_checkpointed": (4, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
-                                 "--global-batch-size", "8", "--train-iters", "3", "--checkpoint-activations",
-                                 "--peak-tflops", str(PEAK_TFLOPS)]),
+    "pp2_tp2_checkpointed": (4, layout(pp=2, tp=2) + ["--global-batch-size", "8", "--train-iters", "3",
+                                                      "--checkpoint-activations", "--peak-tflops", str(PEAK_TFLOPS)]),
     # the same model and batches, pp=2 x tp=1, no checkpointing
-    "pp2_tp1": (2, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1",
-                    "--global-batch-size", "8", "--train-iters", "2"]),
+    "pp2_tp1": (2, layout(pp=2, tp=1) + ["--global-batch-size", "8", "--train-iters", "2"]),
 }
 _runs = {}
 
