@@ -297,6 +297,8 @@ def validate_args(args, world_size):
     _validate_data(args)
     _validate_profiler(args)
     args.deepspeed_config_dict = _build_deepspeed_config(args)
+    # Training progress, as upstream starts it here (a checkpoint's values replace it on --load).
+    args.consumed_train_samples, args.consumed_train_tokens = 0, 0
     return args
 
 

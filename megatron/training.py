@@ -39,7 +39,6 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
 
 def _build_and_train(args, train_valid_test_dataset_provider, model_provider, forward_step_func):
     train_ds, valid_ds, _ = train_valid_test_dataset_provider(_train_valid_test_num_samples(args))
-    args.consumed_train_tokens = 0  # the scheduler reads it from its first step on
     model, optimizer, lr_scheduler = setup_model_and_optimizer(model_provider)
     args.iteration, args.consumed_train_samples = 0, 0
     if args.load:

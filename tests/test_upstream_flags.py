@@ -17,15 +17,26 @@ from megatron.analytic_flops import upstream_flops_per_iteration
 from megatron.arguments import ArgumentError, build_parser, parse_args
 from megatron.initialize import check_machine_supports
 from megatron.optimizer import get_param_groups
-from megatron.optimizer_param_scheduler import OptimizerParamScheduler, SchedulerStateMismatch
+from megatron.optimizer_param_scheduler import OptimizerParamScheduler, SchedulerStateMismatch, schedule_spans
 from megatron.training import _exit_reason
 from megatron.training_log import FIELD_ORDER, IntervalStats, TrainingLogLine, throughput
 from megatron.upstream_flags import NO_OPS
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.launch import REPO
-from tests.helpers.upstream_scripts import (FLAG_OWNERS, REBASE_VARIANTS, UNSUPPORTED, UNSUPPORTED_AT_OFF_VALUE,
-                                            flag_names, gpt_125m_args, gpt_125m_ds_config, llama2_args,
-                                            llama2_ds_config, pending_flags, without_flags)
+from tests.helpers.upstream_scripts import (
+    FLAG_OWNERS,
+    REBASE_VARIANTS,
+    UNSUPPORTED,
+    UNSUPPORTED_AT_OFF_VALUE,
+    flag_names,
+    gpt_125m_args,
+    gpt_125m_ds_config,
+    llama2_args,
+    llama2_ds_config,
+    megatron_gpt_args,
+    pending_flags,
+    without_flags,
+)
 
 DEMO = REPO / "tools" / "demo_corpus"
 WORLD = 4  # both scripts: pipeline 2 x tensor 2
@@ -118,6 +129,16 @@ def test_llama2_flags_mean_what_upstream_means(llama2):
     assert args.distributed_backend == "nccl" and args.clip_grad == 0.0  # DeepSpeed's bf16 optimizer clips
     assert args.deepspeed_config_dict["gradient_clipping"] == 1.0
     assert "--no-query-key-layer-scaling" in args.start_up_notes[0]
+
+
+def test_megatron_lm_example_flags(tmp_path, corpus):
+    """examples/pretrain_gpt.sh: iteration-based, warm-up a fraction (.01) of the 320-iteration decay, fp16
+    without a DeepSpeed config (upstream's own loss-scaler defaults)."""
+    argv = known_parts(megatron_gpt_args(corpus, DEMO / "vocab.json", DEMO / "merges.txt", tmp_path / "ckpt"))
+    args = parses(argv, world_size=2)
+    spans = schedule_spans(args)
+    assert (spans.lr_warmup_steps, spans.lr_decay_steps, spans.wd_incr_steps) == (0.01 * 320 * 8, 320 * 8, 500 * 8)
+    assert args.deepspeed_config_dict["fp16"]["initial_scale_power"] == 32 and args.num_micro_batches == 1
 
 
 @pytest.mark.parametrize("variant", sorted(REBASE_VARIANTS))

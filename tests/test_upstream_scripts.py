@@ -18,16 +18,22 @@ from pathlib import Path
 import pytest
 from deepspeed.accelerator import get_accelerator
 
-from megatron.analytic_flops import gpt_flops_per_iteration
-from megatron.analytic_flops import upstream_flops_per_iteration
+from megatron.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from megatron.arguments import build_parser, parse_args
 from megatron.profiler.report import validate_report
 from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
 from tests.helpers.launch import REPO, explain, free_port, launch, remove_shm_buffers
-from tests.helpers.upstream_scripts import (GPT_125M, GPT_125M_ITERATIONS, GPT_125M_TRAIN_SAMPLES,
-                                            gpt_125m_args, gpt_125m_ds_config, gpt_125m_tokens_per_iteration,
-                                            pending_flags, without_flags)
+from tests.helpers.upstream_scripts import (
+    GPT_125M,
+    GPT_125M_ITERATIONS,
+    GPT_125M_TRAIN_SAMPLES,
+    gpt_125m_args,
+    gpt_125m_ds_config,
+    gpt_125m_tokens_per_iteration,
+    pending_flags,
+    without_flags,
+)
 
 pytestmark = pytest.mark.launch
 

@@ -3,6 +3,7 @@
 - gpt_125m_args: examples_deepspeed/rebase/ds_pretrain_gpt_125M.sh (the 1.3B, 13B, flash-attention
   and RoPE scripts of rebase/ differ from it only in sizes and a flag or two, listed in REBASE_VARIANTS),
   with its DeepSpeed config from ds_config_gpt_TEMPLATE.json (gpt_125m_ds_config).
+- megatron_gpt_args: examples/pretrain_gpt.sh, Megatron-LM's own (no DeepSpeed flags).
 - llama2_args: examples_deepspeed/pretrain_llama2_distributed.sh (pretrain_llama_distributed.sh is the
   same less --num-key-value-heads).
 - UNSUPPORTED: flags of upstream scripts for features this fork does not have, each with the value a
@@ -115,6 +116,23 @@ REBASE_VARIANTS = {
     'any rebase script with no_pp="true" (and pp_size=1)': ["--no-pipeline-parallel"],
 }
 
+def megatron_gpt_args(data_path, vocab_file, merge_file, checkpoint_path):
+    """examples/pretrain_gpt.sh (and pretrain_gpt_distributed.sh, which adds --distributed-backend nccl):
+    $GPT_ARGS $DATA_ARGS $OUTPUT_ARGS --save --load, sizes shrunk; iteration-based with a warm-up fraction."""
+    args = [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--micro-batch-size", "4", "--global-batch-size", "8",
+        "--lr", "0.00015", "--train-iters", "500", "--lr-decay-iters", "320", "--lr-decay-style", "cosine",
+        "--min-lr", "1.0e-5", "--weight-decay", "1e-2", "--lr-warmup-fraction", ".01", "--clip-grad", "1.0",
+        "--fp16",
+        "--data-path", data_path, "--vocab-file", vocab_file, "--merge-file", merge_file, "--data-impl", "mmap",
+        "--split", "949,50,1",
+        "--log-interval", "100", "--save-interval", "10000", "--eval-interval", "1000", "--eval-iters", "10",
+        "--save", checkpoint_path, "--load", checkpoint_path,
+    ]
+    return [str(a) for a in args]
+
+
 # The LLaMA-2 script's sizes, shrunk (GQA kept: 4 heads over 2 key-value heads).
 LLAMA2 = {"TP": 2, "PP": 2, "ZERO_STAGE": 0, "HIDDEN_SIZE": 64, "FFN_HIDDEN_SIZE": 172, "NUM_LAYERS": 4,
           "NUM_HEADS": 4, "SEQ_LENGTH": 32, "NUM_KV_HEADS": 2, "MICRO_BATCH_SIZE": 2, "GLOBAL_BATCH_SIZE": 8,
@@ -186,17 +204,24 @@ def llama2_args(data_path, tokenizer_model, checkpoint_path, ds_config, backend=
     return [str(a) for a in args]
 
 
-# Flags of upstream scripts this fork refuses, with the values the scripts pass (script in the comment).
+# Flags of upstream scripts this fork refuses, with the values the scripts pass, and a word of the
+# one-line refusal. The scripts: examples_deepspeed/MoE/ds_pretrain_gpt_125M_MoE64.sh (--num-experts),
+# MoE/ds_pretrain_gpt_*_PR-MoE*.sh (--mlp-type residual), examples/pretrain_gpt_distributed_with_mp.sh
+# (--sequence-parallel), sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh (--ds-sequence-parallel-size),
+# examples/pretrain_gpt3_175B.sh (--rampup-batch-size), data_efficiency/gpt/pretrain/*_base_script.sh
+# (--random-ltd, --data-efficiency-curriculum-learning), pretrain_llama2_distributed.sh with LOG_TO_WANDB=1
+# (--wandb-project), compression/ds_pretrain_gpt_1.3B_dense_cl_kd.sh (--kd), examples/sc21/run_figure_12.sh
+# (--num-layers-per-virtual-pipeline-stage).
 UNSUPPORTED = [
-    (["--num-experts", "4"], "mixture of experts (MoE)"),                       # examples_deepspeed/MoE/*.sh
-    (["--mlp-type", "residual"], "mixture of experts (MoE)"),                   # MoE/ds_pretrain_gpt_*_PR-MoE*.sh
-    (["--sequence-parallel"], "Megatron-LM sequence parallelism"),              # examples/pretrain_gpt_distributed_with_mp.sh
-    (["--ds-sequence-parallel-size", "2"], "DeepSpeed sequence parallelism"),   # examples_deepspeed/sequence_parallel/
-    (["--rampup-batch-size", "16", "16", "5859375"], "batch-size ramp-up"),     # examples/pretrain_gpt3_175B.sh
-    (["--random-ltd"], "random layer token drop"),                              # examples_deepspeed/data_efficiency/
-    (["--data-efficiency-curriculum-learning"], "curriculum learning"),         # examples_deepspeed/data_efficiency/
-    (["--wandb-project", "pretrain-llama2"], "Weights & Biases"),               # pretrain_llama2 with LOG_TO_WANDB=1
-    (["--kd"], "knowledge distillation"),                                       # examples_deepspeed/compression/
+    (["--num-experts", "4"], "mixture of experts (MoE)"),
+    (["--mlp-type", "residual"], "mixture of experts (MoE)"),
+    (["--sequence-parallel"], "Megatron-LM sequence parallelism"),
+    (["--ds-sequence-parallel-size", "2"], "DeepSpeed sequence parallelism"),
+    (["--rampup-batch-size", "16", "16", "5859375"], "batch-size ramp-up"),
+    (["--random-ltd"], "random layer token drop"),
+    (["--data-efficiency-curriculum-learning"], "curriculum learning"),
+    (["--wandb-project", "pretrain-llama2"], "Weights & Biases"),
+    (["--kd"], "knowledge distillation"),
     (["--num-layers-per-virtual-pipeline-stage", "1"], "interleaved pipeline"),
 ]
 # "Off" values of refused features: accepted.
