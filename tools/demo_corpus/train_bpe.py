@@ -13,10 +13,8 @@ import collections
 import heapq
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from megatron.tokenizer.gpt2_bpe import GPT2_PATTERN, bytes_to_unicode, merge_pair  # noqa: E402
+from megatron.tokenizer.gpt2_bpe import GPT2_PATTERN, bytes_to_unicode, merge_pair
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 END_OF_TEXT = "<|endoftext|>"
