@@ -1,16 +1,22 @@
-"""Command-line arguments with Megatron-LM's flag names, and the checks that stop a run early.
+"""Command-line arguments with Megatron-DeepSpeed's flag names and defaults, and the checks that stop a run early.
 
 Every check here runs before torch.distributed is touched: a bad combination of flags ends every
 rank with one line naming the problem and exit code 2, so no rank can be left waiting in a
-collective that another rank never enters.
+collective that another rank never enters. Upstream flags for features this fork does not have are
+refused the same way (megatron/upstream_flags.py); kernel switches that change nothing here are
+accepted and listed once in the log.
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
 
 import deepspeed
+
+from megatron import upstream_flags
+from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 
 EXIT_BAD_ARGS = 2
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
@@ -39,13 +45,18 @@ def build_parser(extra_args_provider=None):
     _add_model_args(parser)
     _add_recompute_args(parser)
     _add_precision_args(parser)
-    _add_batch_and_parallel_args(parser)
-    _add_optimizer_args(parser)
+    _add_batch_args(parser)
+    _add_distributed_args(parser)
+    _add_regularization_args(parser)
+    _add_learning_rate_args(parser)
     _add_training_args(parser)
     _add_data_args(parser)
     _add_checkpoint_args(parser)
     _add_logging_args(parser)
+    _add_deepspeed_args(parser)
     _add_profiler_args(parser)
+    upstream_flags.add_no_op_args(parser)
+    upstream_flags.add_unsupported_args(parser)
     parser = deepspeed.add_config_arguments(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
@@ -75,16 +86,37 @@ def _add_recompute_args(parser):
 
 
 def _add_precision_args(parser):
-    g = parser.add_argument_group("precision")
+    g = parser.add_argument_group("mixed precision (mapped onto the DeepSpeed config's fp16/bf16 sections)")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
+    # Without --deepspeed these default to upstream's own loss scaler's values (FP16_DEFAULTS); with
+    # --deepspeed, as upstream, only flags given explicitly reach the config, and DeepSpeed's defaults
+    # fill the rest. A key the config sets itself always wins (the log says so).
+    g.add_argument("--loss-scale", type=float, default=None,
+                   help="static loss scale (a power of 2); default: dynamic loss scaling")
+    g.add_argument("--initial-loss-scale", type=float, default=None,
+                   help="initial dynamic loss scale, a power of 2 (upstream's default 2**32)")
+    g.add_argument("--min-loss-scale", type=float, default=None, help="minimum dynamic loss scale (default 1)")
+    g.add_argument("--loss-scale-window", type=float, default=None,
+                   help="iterations without overflow before the dynamic scale grows (default 1000)")
+    g.add_argument("--hysteresis", type=int, default=None,
+                   help="overflows tolerated before the dynamic scale shrinks (default 2)")
 
 
-def _add_batch_and_parallel_args(parser):
-    g = parser.add_argument_group("batch and parallelism")
+# Upstream's own loss scaler's defaults (megatron/arguments.py: _add_mixed_precision_args).
+FP16_DEFAULTS = {"loss_scale": None, "initial_loss_scale": 2.0 ** 32, "min_loss_scale": 1.0,
+                 "loss_scale_window": 1000.0, "hysteresis": 2}
+
+
+def _add_batch_args(parser):
+    g = parser.add_argument_group("batch size")
     g.add_argument("--micro-batch-size", type=int, required=True)
     g.add_argument("--global-batch-size", type=int, default=None,
                    help="default: micro batch size x data-parallel size")
+
+
+def _add_distributed_args(parser):
+    g = parser.add_argument_group("distributed")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--no-pipeline-parallel", action="store_true",
@@ -93,30 +125,61 @@ def _add_batch_and_parallel_args(parser):
                    help="how DeepSpeed cuts the layers into stages: 'uniform' (same number of layers) or "
                         "'type:REGEX' (balance the layers whose class matches; 'type:transformer|embedding' "
                         "also weighs the embedding and the LM head, as in Megatron-DeepSpeed)")
-    g.add_argument("--distributed-backend", default=None, choices=["gloo", "nccl"],
-                   help="default: the accelerator's own (gloo on CPU, nccl on CUDA)")
+    g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo", "ccl", "hccl"],
+                   help="default: the accelerator's own (gloo on CPU, nccl on CUDA); upstream's default is nccl")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=None,
+                   help="timeout of torch.distributed's collectives (default 10, or MEGATRON_DIST_TIMEOUT_S seconds)")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the launcher")
 
 
-def _add_optimizer_args(parser):
-    g = parser.add_argument_group("optimisation")
-    g.add_argument("--lr", type=float, required=True)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", default="cosine", choices=["constant", "linear", "cosine"])
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+def _add_regularization_args(parser):
+    g = parser.add_argument_group("optimizer and regularization")
+    g.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="adam is AdamW, as upstream")
     g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--clip-grad", type=float, default=1.0, help="0 disables clipping")
+    g.add_argument("--start-weight-decay", type=float, default=None,
+                   help="weight decay at the start, with --weight-decay-incr-style linear or cosine")
+    g.add_argument("--end-weight-decay", type=float, default=None,
+                   help="weight decay at the end, with --weight-decay-incr-style linear or cosine")
+    g.add_argument("--weight-decay-incr-style", default="constant", choices=list(WD_INCR_STYLES))
+    g.add_argument("--clip-grad", type=float, default=1.0,
+                   help="clip by the global L2 norm (0 disables); the DeepSpeed config's gradient_clipping wins")
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
+
+
+def _add_learning_rate_args(parser):
+    g = parser.add_argument_group("learning rate (megatron/optimizer_param_scheduler.py)")
+    g.add_argument("--lr", type=float, required=True)
+    g.add_argument("--lr-decay-style", default="linear", choices=list(LR_DECAY_STYLES))
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    g.add_argument("--lr-decay-samples", type=int, default=None, help="default: --train-samples")
+    g.add_argument("--lr-decay-tokens", type=int, default=None,
+                   help="decay over this many tokens instead (overrides the iteration/sample span)")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="warm up over this fraction of the decay span")
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-warmup-samples", type=int, default=0)
+    g.add_argument("--lr-warmup-tokens", type=int, default=None)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--override-opt_param-scheduler", action="store_true",
+                   help="on --load, take the schedule from the flags, not from the checkpoint")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+                   help="on --load, take the schedule from the checkpoint, not from the flags")
 
 
 def _add_training_args(parser):
     g = parser.add_argument_group("training")
-    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--train-iters", type=int, default=None, help="give this or --train-samples")
+    g.add_argument("--train-samples", type=int, default=None, help="give this or --train-iters")
+    g.add_argument("--train-tokens", type=int, default=None, help="also stop once this many tokens are consumed")
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="save (with --save) and exit after an iteration divisible by this")
+    g.add_argument("--exit-duration-in-mins", type=int, default=None,
+                   help="save (with --save) and exit once training has run this many minutes")
     g.add_argument("--eval-interval", type=int, default=1000)
-    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--eval-iters", type=int, default=100)
     g.add_argument("--seed", type=int, default=1234)
 
 
@@ -143,8 +206,28 @@ def _add_logging_args(parser):
     g = parser.add_argument_group("logging")
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--tensorboard-queue-size", type=int, default=1000,
+                   help="pending TensorBoard events before a write to disk")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="write the iteration time (the only timer measured here)")
+    g.add_argument("--log-batch-size-to-tensorboard", action="store_true")
+    g.add_argument("--no-log-learnig-rate-to-tensorboard", action="store_false",
+                   dest="log_learning_rate_to_tensorboard", help="upstream's spelling")
+    g.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false", dest="log_loss_scale_to_tensorboard")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    g.add_argument("--log-optimizer-states-to-tensorboard", action="store_true",
+                   help="norms and largest magnitudes of Adam's moments and of the weights")
+    g.add_argument("--log-world-size-to-tensorboard", action="store_true")
+    g.add_argument("--log-params-norm", action="store_true", help="the parameters' global L2 norm in the log line")
     g.add_argument("--loss-record-file", default=None,
                    help="append each iteration's exact loss as a JSON line (written by the last rank)")
+
+
+def _add_deepspeed_args(parser):
+    g = parser.add_argument_group("ZeRO (--deepspeed and --deepspeed_config come from DeepSpeed)")
+    g.add_argument("--zero-stage", type=int, default=None,
+                   help="overrides the DeepSpeed config's zero_optimization.stage (default: the config's, else 0)")
 
 
 def _add_profiler_args(parser):
@@ -174,7 +257,12 @@ def parse_args(argv=None, extra_args_provider=None, defaults=None, world_size=No
         parser.set_defaults(**defaults)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        # Upstream flags of features this fork lacks: named before argparse could call them unknown.
+        # (argparse has no public list of its option strings.)
+        refused = upstream_flags.refused_on_command_line(argv, lambda flag: flag in parser._option_string_actions)
+        _require(refused is None, refused)
         args = parser.parse_args(argv)
         validate_args(args, world_size)
     except ArgumentError as error:
@@ -186,13 +274,15 @@ def validate_args(args, world_size):
     """Fill derived values and reject combinations that cannot work (raises ArgumentError)."""
     args.world_size = world_size
     args.rank = int(os.environ.get("RANK", "0"))
+    # Lines for the log once distributed is up (rank 0 prints them): what the flags changed or did not.
+    args.start_up_notes = []
+    refused = upstream_flags.refused_option_value(args)
+    _require(refused is None, refused)
+    no_ops = upstream_flags.given_no_ops(args)
+    if no_ops:
+        args.start_up_notes.append("> accepted, no effect here: " + "; ".join(no_ops))
+    _validate_distributed(args, world_size)
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
-    if args.no_pipeline_parallel:
-        _require(pp == 1, f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1, got {pp}")
-    _require(world_size % (tp * pp) == 0,
-             f"world size {world_size} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size")
-    args.data_parallel_size = world_size // (tp * pp)
 
     _validate_model(args, tp)
     _validate_partition(args, pp)
@@ -201,11 +291,27 @@ def validate_args(args, world_size):
 
     _validate_batch(args)
     _validate_schedule(args)
+    _validate_optimizer(args)
+    _validate_logging(args)
     _validate_load(args)
     _validate_data(args)
     _validate_profiler(args)
     args.deepspeed_config_dict = _build_deepspeed_config(args)
+    # Training progress, as upstream starts it here (a checkpoint's values replace it on --load).
+    args.consumed_train_samples, args.consumed_train_tokens = 0, 0
     return args
+
+
+def _validate_distributed(args, world_size):
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
+    if args.no_pipeline_parallel:
+        _require(pp == 1, f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1, got {pp}")
+    _require(world_size % (tp * pp) == 0,
+             f"world size {world_size} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size")
+    args.data_parallel_size = world_size // (tp * pp)
+    if args.distributed_timeout_minutes is not None:
+        _require(args.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes must be >= 1")
 
 
 def _validate_model(args, tp):
@@ -265,16 +371,90 @@ def _validate_batch(args):
 
 
 def _validate_schedule(args):
-    _require(args.train_iters >= 1, "--train-iters must be >= 1")
-    _require(args.lr_warmup_iters >= 0, "--lr-warmup-iters must be >= 0")
-    if args.lr_decay_iters is None:
-        args.lr_decay_iters = args.train_iters
+    """Upstream's rules: iteration- or sample-based training, and warm-up/decay spans in that unit (or tokens)."""
+    _require((args.train_iters is None) != (args.train_samples is None),
+             "give exactly one of --train-iters and --train-samples")
+    if args.train_samples is None:
+        _require(args.train_iters >= 1, "--train-iters must be >= 1")
+        for flag, value in (("--lr-decay-samples", args.lr_decay_samples), ("--lr-warmup-samples",
+                                                                            args.lr_warmup_samples or None)):
+            _require(value is None, f"{flag} needs sample-based training (--train-samples); "
+                                    f"with --train-iters use {flag.replace('samples', 'iters')}")
+        _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
+                 "give only one of --lr-warmup-fraction and --lr-warmup-iters")
+        if args.lr_decay_iters is None:
+            args.lr_decay_iters = args.train_iters
+    else:
+        _require(args.train_samples >= 1, "--train-samples must be >= 1")
+        for flag, value in (("--lr-decay-iters", args.lr_decay_iters), ("--lr-warmup-iters",
+                                                                        args.lr_warmup_iters or None)):
+            _require(value is None, f"{flag} needs iteration-based training (--train-iters); "
+                                    f"with --train-samples use {flag.replace('iters', 'samples')}")
+        _require(args.lr_warmup_fraction is None or args.lr_warmup_samples == 0,
+                 "give only one of --lr-warmup-fraction and --lr-warmup-samples")
+        # As upstream: whole global batches only, a partial last batch is dropped.
+        args.train_iters = args.train_samples // args.global_batch_size
+        _require(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global batch "
+                                        f"({args.global_batch_size} samples)")
+        if args.lr_decay_samples is None:
+            args.lr_decay_samples = args.train_samples
+    for flag in ("--train-tokens", "--lr-decay-iters", "--lr-decay-samples", "--lr-decay-tokens"):
+        value = getattr(args, _dest(flag))
+        _require(value is None or value >= 1, f"{flag} must be >= 1")
+    for flag in ("--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens"):
+        value = getattr(args, _dest(flag))
+        _require(value is None or value >= 0, f"{flag} must be >= 0")
+    if args.lr_warmup_fraction is not None:
+        _require(0.0 <= args.lr_warmup_fraction < 1.0, "--lr-warmup-fraction must be in [0, 1)")
+    _require(0.0 <= args.min_lr <= args.lr, f"--min-lr {args.min_lr} must be between 0 and --lr {args.lr}")
+    # Upstream also asserts that the warm-up ends before the decay span; here a warm-up as long as the
+    # run is allowed (short test runs): the learning rate then goes to --min-lr when the warm-up ends.
+    _require(not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler),
+             "give only one of --override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler")
+    _validate_weight_decay_schedule(args)
+    for flag in ("--exit-interval", "--exit-duration-in-mins"):
+        value = getattr(args, _dest(flag))
+        _require(value is None or value >= (1 if flag == "--exit-interval" else 0), f"{flag} must be positive")
     _require(args.log_interval >= 1, "--log-interval must be >= 1")
     _require(args.eval_interval >= 1, "--eval-interval must be >= 1")
     _require(args.eval_iters >= 0, "--eval-iters must be >= 0")
     if args.save_interval is not None:
         _require(args.save_interval >= 1, "--save-interval must be >= 1")
         _require(args.save is not None, "--save-interval needs --save DIR")
+
+
+def _validate_weight_decay_schedule(args):
+    if args.weight_decay_incr_style == "constant":
+        for flag in ("--start-weight-decay", "--end-weight-decay"):
+            _require(getattr(args, _dest(flag)) is None,
+                     f"{flag} needs --weight-decay-incr-style linear or cosine (constant uses --weight-decay)")
+        args.start_weight_decay = args.end_weight_decay = args.weight_decay
+    else:
+        _require(args.start_weight_decay is not None and args.end_weight_decay is not None,
+                 f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay and "
+                 f"--end-weight-decay")
+    _require(0.0 <= args.start_weight_decay <= args.end_weight_decay,
+             "weight decay must be >= 0 and may only grow (--start-weight-decay <= --end-weight-decay)")
+
+
+def _validate_optimizer(args):
+    _require(args.weight_decay >= 0.0, "--weight-decay must be >= 0")
+    _require(args.clip_grad >= 0.0, "--clip-grad must be >= 0 (0 disables clipping)")
+    if args.optimizer == "adam":
+        _require(0.0 <= args.adam_beta1 < 1.0 and 0.0 <= args.adam_beta2 < 1.0,
+                 "--adam-beta1 and --adam-beta2 must be in [0, 1)")
+        _require(args.adam_eps > 0.0, "--adam-eps must be > 0")
+    else:
+        _require(args.sgd_momentum >= 0.0, "--sgd-momentum must be >= 0")
+
+
+def _validate_logging(args):
+    _require(args.tensorboard_log_interval >= 1, "--tensorboard-log-interval must be >= 1")
+    _require(args.tensorboard_queue_size >= 1, "--tensorboard-queue-size must be >= 1")
+
+
+def _dest(flag):
+    return flag.lstrip("-").replace("-", "_")
 
 
 def _validate_load(args):
@@ -320,6 +500,10 @@ def _validate_profiler(args):
     if step is not None:
         _require(step <= args.train_iters,
                  f"--profile-flops-step {step} is beyond --train-iters {args.train_iters}")
+        if args.train_tokens is not None:
+            last = -(-args.train_tokens // (args.global_batch_size * args.seq_length))
+            _require(step <= last, f"--profile-flops-step {step} would never run: --train-tokens {args.train_tokens} "
+                                   f"is reached at iteration {last}")
         out = args.profile_flops_output
         _require(_writable_dir(out), f"--profile-flops-output {out} is not a writable directory")
         if args.load:
@@ -354,6 +538,9 @@ def _build_deepspeed_config(args):
             raise ArgumentError(f"cannot read --deepspeed_config {args.deepspeed_config}: {error.strerror}")
         except json.JSONDecodeError as error:
             raise ArgumentError(f"--deepspeed_config {args.deepspeed_config} is not valid JSON: {error}")
+    _require(isinstance(config, dict), f"--deepspeed_config {args.deepspeed_config} must hold a JSON object")
+    refused = upstream_flags.refused_config_section(config)
+    _require(refused is None, refused)
     micro, gas, dp = args.micro_batch_size, args.num_micro_batches, args.data_parallel_size
     expected = {
         "train_micro_batch_size_per_gpu": micro,
@@ -376,22 +563,87 @@ def _build_deepspeed_config(args):
     args.fp16 = bool(config.get("fp16", {}).get("enabled", False))
     args.bf16 = bool(config.get("bf16", {}).get("enabled", False))
     _require(not (args.fp16 and args.bf16), "the DeepSpeed config enables both fp16 and bf16")
+    if args.fp16:
+        _map_loss_scaling(args, config["fp16"])
+    _map_gradient_clipping(args, config)
+    _map_zero_stage(args, config)
+    if args.optimizer == "sgd" and args.zero_stage > 0:
+        _require(config.get("zero_allow_untested_optimizer", False),
+                 f"--optimizer sgd under ZeRO stage {args.zero_stage}: DeepSpeed's ZeRO optimizer refuses SGD unless "
+                 f"the DeepSpeed config sets \"zero_allow_untested_optimizer\": true")
+    _validate_flops_profiler_section(config.get("flops_profiler"))
+    return config
+
+
+# Megatron's loss-scaling flags and the DeepSpeed fp16 keys they set.
+_LOSS_SCALING_KEYS = {"loss_scale": "loss_scale", "initial_loss_scale": "initial_scale_power",
+                      "min_loss_scale": "min_loss_scale", "loss_scale_window": "loss_scale_window",
+                      "hysteresis": "hysteresis"}
+
+
+def _loss_scaling_value(name, value):
+    """A loss-scaling flag's value in DeepSpeed's terms (a static scale of 0 means dynamic)."""
+    flag = "--" + name.replace("_", "-")
+    if name == "loss_scale":
+        _require(value is None or value > 0, f"{flag} must be > 0")
+        return 0 if value is None else value
+    if name == "initial_loss_scale":
+        power = math.log2(value) if value > 0 else -1.0
+        _require(power >= 0 and power == int(power), f"{flag} {value:g} is not a power of 2 (DeepSpeed takes "
+                                                     f"initial_scale_power)")
+        return int(power)
+    if name == "loss_scale_window":
+        _require(value >= 1 and value == int(value), f"{flag} must be a whole number >= 1")
+        return int(value)
+    _require(value >= (1 if name == "hysteresis" else 0), f"{flag} must be positive")
+    return value
+
+
+def _map_loss_scaling(args, section):
+    """Fill the fp16 section from the loss-scaling flags; a key the config sets wins (one log line)."""
+    ignored = []
+    for name, key in _LOSS_SCALING_KEYS.items():
+        given = getattr(args, name)
+        if given is None and args.deepspeed:
+            continue  # upstream under DeepSpeed: the config and DeepSpeed's defaults decide
+        value = _loss_scaling_value(name, FP16_DEFAULTS[name] if given is None else given)
+        if key not in section:
+            section[key] = value
+        elif given is not None and section[key] != value:
+            ignored.append(f"{key} {section[key]} (not --{name.replace('_', '-')} {given:g})")
+    if ignored:
+        args.start_up_notes.append("> the DeepSpeed config's fp16 section wins over the flags: " + ", ".join(ignored))
+
+
+def _map_gradient_clipping(args, config):
     # Clipping happens in our optimizer (megatron/optimizer.py), by the true global norm; DeepSpeed's
     # own fp32 clipping miscounts under a pipeline. Its fp16/bf16 and ZeRO optimizers still clip
     # themselves: they wrap ours and hand it flat partitions, whose norm it cannot take.
+    if "gradient_clipping" in config and config["gradient_clipping"] != args.clip_grad:
+        args.start_up_notes.append(f"> the DeepSpeed config's gradient_clipping {config['gradient_clipping']} wins "
+                                   f"over --clip-grad {args.clip_grad:g}")
     args.clip_grad = config.get("gradient_clipping", args.clip_grad)
-    args.zero_stage = config.get("zero_optimization", {}).get("stage", 0)
-    _require(args.zero_stage in (0, 1, 2, 3), "DeepSpeed config zero_optimization.stage must be 0, 1, 2 or 3")
-    _require(args.zero_stage <= 1 or args.no_pipeline_parallel,
-             f"ZeRO stage {args.zero_stage} cannot shard a pipeline's gradients: use stage 0 or 1 "
-             f"(or --no-pipeline-parallel)")
-    if args.fp16 or args.bf16 or args.zero_stage > 0:
+    zero = config.get("zero_optimization", {}).get("stage", 0) if args.zero_stage is None else args.zero_stage
+    if args.fp16 or args.bf16 or zero > 0:
         config["gradient_clipping"] = args.clip_grad
         args.clip_grad = 0.0
     else:
         config["gradient_clipping"] = 0.0
-    _validate_flops_profiler_section(config.get("flops_profiler"))
-    return config
+
+
+def _map_zero_stage(args, config):
+    section = config.setdefault("zero_optimization", {})
+    _require(isinstance(section, dict), "DeepSpeed config zero_optimization must be an object")
+    if args.zero_stage is not None:
+        if "stage" in section and section["stage"] != args.zero_stage:
+            args.start_up_notes.append(f"> --zero-stage {args.zero_stage} overrides the DeepSpeed config's "
+                                       f"zero_optimization.stage {section['stage']}")
+        section["stage"] = args.zero_stage
+    args.zero_stage = section.setdefault("stage", 0)
+    _require(args.zero_stage in (0, 1, 2, 3), f"ZeRO stage {args.zero_stage}: must be 0, 1, 2 or 3")
+    _require(args.zero_stage <= 1 or args.no_pipeline_parallel,
+             f"ZeRO stage {args.zero_stage} cannot shard a pipeline's gradients: use stage 0 or 1 "
+             f"(or --no-pipeline-parallel)")
 
 
 # Keys and types of DeepSpeed's flops_profiler section (docs: deepspeed.ai/docs/config-json).

@@ -10,18 +10,46 @@ from deepspeed.accelerator import get_accelerator
 
 import patches
 from megatron import liveness, mpu
-from megatron.arguments import parse_args
+from megatron.arguments import ArgumentError, exit_on_bad_args, parse_args
 from megatron.global_vars import set_args
+from megatron.utils import print_rank_0
 
 
 def initialize_megatron(extra_args_provider=None, args_defaults=None, argv=None):
     """Parse and check the flags (exit 2 on bad ones, before any collective), then start distributed."""
     args = parse_args(argv, extra_args_provider=extra_args_provider, defaults=args_defaults)
+    try:
+        check_machine_supports(args)
+    except ArgumentError as error:
+        exit_on_bad_args(str(error))
     set_args(args)
     patches.apply()
     _initialize_distributed(args)
     _set_random_seed(args.seed)
+    for note in args.start_up_notes:
+        print_rank_0(note)
     return args
+
+
+def check_machine_supports(args):
+    """What the flags ask of this machine: a communication backend and a precision its accelerator has.
+
+    Kept out of parse_args so that a script's flags parse on any machine; still before any collective.
+    """
+    accelerator = get_accelerator()
+    backend = args.distributed_backend
+    if backend is not None and backend != accelerator.communication_backend_name():
+        available = {"nccl": torch.distributed.is_nccl_available(), "gloo": torch.distributed.is_gloo_available()}
+        if not available.get(backend, False) or (backend == "nccl" and accelerator.device_name() != "cuda"):
+            raise ArgumentError(f"--distributed-backend {backend} is not available on this machine (accelerator "
+                                f"{accelerator.device_name()}): use --distributed-backend "
+                                f"{accelerator.communication_backend_name()}")
+    if args.fp16 and not accelerator.is_fp16_supported():
+        raise ArgumentError(f"--fp16: DeepSpeed's {accelerator.device_name()} accelerator on this machine has no "
+                            f"float16 support: use --bf16 (or neither, for fp32)")
+    if args.bf16 and not accelerator.is_bf16_supported():
+        raise ArgumentError(f"--bf16: DeepSpeed's {accelerator.device_name()} accelerator on this machine has no "
+                            f"bfloat16 support")
 
 
 def _initialize_distributed(args):
@@ -34,7 +62,10 @@ def _initialize_distributed(args):
     # A bounded timeout: a rank that dies must not leave the others waiting for half an hour. A dead
     # peer is usually noticed at once (its connections close); this bounds the rest (a hung peer, a
     # node cut off the network).
-    timeout = timedelta(seconds=int(os.environ.get("MEGATRON_DIST_TIMEOUT_S", "600")))
+    if args.distributed_timeout_minutes is not None:
+        timeout = timedelta(minutes=args.distributed_timeout_minutes)
+    else:
+        timeout = timedelta(seconds=int(os.environ.get("MEGATRON_DIST_TIMEOUT_S", "600")))
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
     args.rank = torch.distributed.get_rank()
     args.world_size = torch.distributed.get_world_size()

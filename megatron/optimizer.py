@@ -1,4 +1,4 @@
-"""AdamW that clips gradients by their true global norm over the whole model.
+"""Megatron's optimizers (AdamW, SGD) clipping gradients by their true global norm over the whole model.
 
 DeepSpeed's fp32 clipping under a pipeline asks the grid's "model parallel" rank, which spans
 pipeline x tensor, so it drops the replicated parameters of every stage but the first and counts
@@ -7,6 +7,8 @@ tensor-parallel shards on every tensor rank, replicated parameters on tensor ran
 pipeline weights on their first stage only; the squares are then summed over the tensor and
 pipeline groups. Gradients are already averaged over data-parallel ranks when step() runs.
 """
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -19,18 +21,27 @@ def counts_in_norm(param):
     return getattr(param, "tensor_model_parallel", False) or mpu.get_tensor_model_parallel_rank() == 0
 
 
-def global_grad_norm(params):
-    grads = [p.grad.detach().float() for p in params if p.grad is not None and counts_in_norm(p)]
-    squares = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else None)
-    for grad in grads:
-        squares += grad.norm() ** 2
+def _model_parallel_norm(tensors):
+    """L2 norm of these tensors summed over the tensor and pipeline groups (collective on both)."""
+    squares = torch.zeros(1, dtype=torch.float32, device=tensors[0].device if tensors else None)
+    for tensor in tensors:
+        squares += tensor.detach().float().norm() ** 2
     dist.all_reduce(squares, group=mpu.get_tensor_model_parallel_group())
     dist.all_reduce(squares, group=mpu.get_pipeline_model_parallel_group())
     return squares.sqrt().item()
 
 
-class ClippedAdamW(torch.optim.AdamW):
-    """AdamW whose step() first clips by the global norm (clip_grad 0 disables clipping)."""
+def global_grad_norm(params):
+    return _model_parallel_norm([p.grad for p in params if p.grad is not None and counts_in_norm(p)])
+
+
+def global_params_norm(module):
+    """The dense model's parameter L2 norm, every element once (upstream's --log-params-norm); collective."""
+    return _model_parallel_norm([p for p in module.parameters() if counts_in_norm(p)])
+
+
+class _ClipByGlobalNorm:
+    """step() first clips the gradients by their global norm (clip_grad 0 disables clipping)."""
 
     def __init__(self, params, clip_grad, **kwargs):
         super().__init__(params, **kwargs)
@@ -48,6 +59,84 @@ class ClippedAdamW(torch.optim.AdamW):
                     if p.grad is not None:
                         p.grad.mul_(coefficient)
         return super().step(closure)
+
+
+class ClippedAdamW(_ClipByGlobalNorm, torch.optim.AdamW):
+    """AdamW clipping by the global gradient norm (upstream's --optimizer adam is AdamW)."""
+
+
+class ClippedSGD(_ClipByGlobalNorm, torch.optim.SGD):
+    """SGD with momentum clipping by the global gradient norm (upstream's --optimizer sgd)."""
+
+
+def get_param_groups(module):
+    """Weight decay on matrices only: biases and LayerNorm parameters get wd_mult 0, as upstream.
+
+    The scheduler sets each group's weight_decay to the scheduled value times its wd_mult.
+    """
+    decay, no_decay = [], []
+    for param in module.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim == 1 else decay).append(param)
+    return [{"params": decay, "wd_mult": 1.0, "lr_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0, "lr_mult": 1.0}]
+
+
+def build_optimizer(args, module):
+    """--optimizer adam (AdamW) or sgd over the module's parameter groups.
+
+    DeepSpeed's fp16/bf16 and ZeRO optimizers wrap this one, hand it flat partitions and clip by
+    themselves: then it is the plain torch optimizer (which ZeRO also knows as tested).
+    """
+    wrapped = args.fp16 or args.bf16 or args.zero_stage > 0
+    groups = get_param_groups(module)
+    if args.optimizer == "adam":
+        kwargs = dict(lr=args.lr, weight_decay=args.start_weight_decay, betas=(args.adam_beta1, args.adam_beta2),
+                      eps=args.adam_eps)
+        return torch.optim.AdamW(groups, **kwargs) if wrapped else ClippedAdamW(groups, clip_grad=args.clip_grad,
+                                                                               **kwargs)
+    kwargs = dict(lr=args.lr, weight_decay=args.start_weight_decay, momentum=args.sgd_momentum)
+    return torch.optim.SGD(groups, **kwargs) if wrapped else ClippedSGD(groups, clip_grad=args.clip_grad, **kwargs)
+
+
+@dataclass(frozen=True)
+class OptimizerStateStats:
+    """Upstream's --log-optimizer-states-to-tensorboard figures: Adam's second moment (variance), its
+    square root, the first moment (momentum) and the weights, as L2 and L1 norms and largest magnitudes.
+
+    As upstream, each rank sums what its optimizer holds and the sums are added over the tensor and
+    pipeline groups (and data-parallel ranks under ZeRO): parameters held by several ranks (replicated
+    across tensor ranks, the tied embedding) count once per holder.
+    """
+    l2: dict
+    l1: dict
+    abs_max: dict
+
+
+def optimizer_state_stats(optimizer, zero_stage):
+    """Collective over the tensor and pipeline groups (and the data-parallel group under ZeRO)."""
+    state = getattr(optimizer, "state", None) or optimizer.optimizer.state
+    sums = torch.zeros(8, dtype=torch.float64)
+    maxima = torch.zeros(4, dtype=torch.float64)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param not in state or "exp_avg" not in state[param]:
+                continue
+            variance, momentum = state[param]["exp_avg_sq"].float(), state[param]["exp_avg"].float()
+            tensors = (variance, variance.sqrt(), momentum, param.detach().float())
+            for index, tensor in enumerate(tensors):
+                sums[index] += tensor.norm().item() ** 2
+                sums[4 + index] += tensor.norm(p=1).item()
+                maxima[index] = max(maxima[index].item(), tensor.abs().max().item() if tensor.numel() else 0.0)
+    groups = [mpu.get_tensor_model_parallel_group(), mpu.get_pipeline_model_parallel_group()]
+    if zero_stage > 0:
+        groups.append(mpu.get_data_parallel_group())
+    for group in groups:
+        dist.all_reduce(sums, group=group)
+        dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=group)
+    names = ("variance", "variance_sqrt", "momentum", "weight")
+    return OptimizerStateStats(l2={n: sums[i].item() ** 0.5 for i, n in enumerate(names)},
+                               l1={n: sums[4 + i].item() for i, n in enumerate(names)},
+                               abs_max={n: maxima[i].item() for i, n in enumerate(names)})
 
 
 def mark_tied_duplicates(pipeline_module):

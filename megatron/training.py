@@ -3,6 +3,8 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import deepspeed
@@ -13,8 +15,9 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data_iterators import pipeline_batches
 from megatron.global_vars import get_args
 from megatron.initialize import initialize_megatron
-from megatron.learning_rates import AnnealingLR
-from megatron.optimizer import ClippedAdamW, mark_tied_duplicates
+from megatron.optimizer import build_optimizer, global_params_norm, mark_tied_duplicates, optimizer_state_stats
+from megatron.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 
 
@@ -23,6 +26,7 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
     """Megatron's entry point: initialise, build, then run the training loop."""
     start = time.time()
     args = initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults, argv=argv)
+    args.train_start_time = start  # --exit-duration-in-mins counts from here
     print_rank_0(f"> initialized: world {args.world_size} = pipeline {args.pipeline_model_parallel_size} x "
                  f"tensor {args.tensor_model_parallel_size} x data {args.data_parallel_size} "
                  f"({time.time() - start:.1f} s)")
@@ -39,11 +43,16 @@ def _build_and_train(args, train_valid_test_dataset_provider, model_provider, fo
     args.iteration, args.consumed_train_samples = 0, 0
     if args.load:
         args.iteration, args.consumed_train_samples = load_checkpoint(model[0], args.load)
+    if not args.consumed_train_tokens:
+        args.consumed_train_tokens = args.consumed_train_samples * args.seq_length  # a fixed sequence length
 
     train_iterator = _build_iterator(train_ds, args.consumed_train_samples, args)
-    iteration = train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, valid_ds)
+    iteration, exited = train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, valid_ds)
+    if exited:
+        return model
     if args.eval_iters > 0 and valid_ds is not None:
-        evaluate_and_print_results("the end of training", iteration, model, valid_ds, args)
+        evaluate_and_print_results("the end of training", iteration, model, valid_ds, args,
+                                   _tensorboard_writer(args))
     saved_by_interval = args.save_interval and iteration % args.save_interval == 0
     if args.save and iteration > args.iteration and not saved_by_interval:
         save_checkpoint(model[0], args.save, iteration, args.consumed_train_samples)
@@ -57,31 +66,15 @@ def _train_valid_test_num_samples(args):
             args.eval_iters * args.global_batch_size]
 
 
-def get_param_groups(module):
-    """Weight decay on matrices only; biases and LayerNorm parameters are not decayed."""
-    decay, no_decay = [], []
-    for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim == 1 else decay).append(param)
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def setup_model_and_optimizer(model_provider):
     args = get_args()
     module = model_provider()
     if isinstance(module, deepspeed.pipe.PipelineModule):
         mark_tied_duplicates(module)
-    adam = dict(lr=args.lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2),
-                eps=args.adam_eps)
-    if args.fp16 or args.bf16 or args.zero_stage > 0:
-        # DeepSpeed's fp16/bf16 and ZeRO optimizers wrap this one, hand it flat partitions and clip
-        # by themselves: plain AdamW (which ZeRO also knows as tested).
-        optimizer = torch.optim.AdamW(get_param_groups(module), **adam)
-    else:
-        optimizer = ClippedAdamW(get_param_groups(module), clip_grad=args.clip_grad, **adam)
-    lr_scheduler = AnnealingLR(optimizer, max_lr=args.lr, min_lr=args.min_lr, warmup_steps=args.lr_warmup_iters,
-                               decay_steps=args.lr_decay_iters, decay_style=args.lr_decay_style)
+    optimizer = build_optimizer(args, module)
+    # Its step() reads the tokens consumed before the current iteration, as upstream's does.
+    lr_scheduler = OptimizerParamScheduler.from_args(optimizer, args,
+                                                     consumed_tokens=lambda: args.consumed_train_tokens)
     engine, optimizer, _, lr_scheduler = deepspeed.initialize(
         model=module, optimizer=optimizer, lr_scheduler=lr_scheduler, config=args.deepspeed_config_dict,
         mpu=None if isinstance(module, deepspeed.pipe.PipelineModule) else mpu)
@@ -105,11 +98,14 @@ def _build_iterator(dataset, consumed_samples, args):
 
 
 def train_step(forward_step_func, data_iterator, model, optimizer, lr_scheduler):
-    """One iteration (all micro-batches, one optimizer step); returns the mean lm loss as a float."""
+    """One iteration (all micro-batches, one optimizer step): (mean lm loss, whether the step was skipped).
+
+    DeepSpeed skips the optimizer step (and the scheduler's) when the fp16 loss scaler overflows.
+    """
     engine = model[0]
     if _is_pipeline(engine):
         loss = engine.train_batch(data_iter=data_iterator if _needs_data(engine) else None)
-        return loss.item()
+        return loss.item(), not engine.was_step_applied()
     losses = []
     for _ in range(engine.gradient_accumulation_steps()):
         loss = forward_step_func(data_iterator, engine)
@@ -118,40 +114,73 @@ def train_step(forward_step_func, data_iterator, model, optimizer, lr_scheduler)
         losses.append(loss.detach())
     loss = torch.stack(losses).mean()
     torch.distributed.all_reduce(loss, group=mpu.get_data_parallel_group())
-    return loss.item() / mpu.get_data_parallel_world_size()
+    return loss.item() / mpu.get_data_parallel_world_size(), not engine.was_step_applied()
 
 
 def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, valid_ds):
+    """The loop; returns (last iteration, whether --exit-interval or --exit-duration-in-mins ended it)."""
     args = get_args()
     engine = model[0]
     iteration = args.iteration
     writer = _tensorboard_writer(args)
     _announce_profiling(args, engine)
-    analytic = gpt_flops_per_iteration(args)
-    interval = {"loss": 0.0, "iters": 0, "start": time.time()}
-    print_rank_0(f"> training from iteration {iteration} to {args.train_iters}")
-    while iteration < args.train_iters:
+    interval, interval_start = IntervalStats(), time.time()
+    print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
+                 + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
+    while iteration < args.train_iters and (args.train_tokens is None or
+                                            args.consumed_train_tokens < args.train_tokens):
         step = iteration + 1
         args.curr_iteration = step
         if args.profile_flops_step == step:
-            loss = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
-                                        writer)
+            loss, skipped = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer,
+                                                 lr_scheduler, writer)
         else:
-            loss = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
+            loss, skipped = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
         iteration = step
         args.consumed_train_samples += args.global_batch_size
+        args.actual_seq_length = args.seq_length
+        args.consumed_train_tokens += args.global_batch_size * args.actual_seq_length
         _record_loss(args, iteration, loss)
-        interval["loss"] += loss
-        interval["iters"] += 1
+        interval.add(loss, skipped)
+        log = _IterationLog(loss=loss, learning_rate=optimizer.param_groups[0]["lr"],
+                            loss_scale=_loss_scale(args, engine), grad_norm=_grad_norm(engine),
+                            params_norm=global_params_norm(engine.module) if args.log_params_norm else None)
+        if iteration % args.tensorboard_log_interval == 0:
+            _write_iteration_scalars(args, writer, engine, optimizer, iteration, log)
         if iteration % args.log_interval == 0:
-            _log_training(args, engine, iteration, interval, analytic, writer)
-            interval = {"loss": 0.0, "iters": 0, "start": time.time()}
+            seconds = (time.time() - interval_start) / interval.iterations
+            _log_training(args, iteration, interval, seconds, log, writer)
+            interval, interval_start = IntervalStats(), time.time()
         if args.save and args.save_interval and iteration % args.save_interval == 0:
             save_checkpoint(engine, args.save, iteration, args.consumed_train_samples)
         if args.eval_iters > 0 and valid_ds is not None and iteration % args.eval_interval == 0 \
                 and iteration != args.train_iters:
             evaluate_and_print_results(f"iteration {iteration}", iteration, model, valid_ds, args, writer)
-    return iteration
+        reason = _exit_reason(args, iteration)
+        if reason is not None:
+            saved = bool(args.save_interval) and iteration % args.save_interval == 0
+            if args.save and not saved:
+                save_checkpoint(engine, args.save, iteration, args.consumed_train_samples)
+            torch.distributed.barrier()
+            print_rank_0(f"> exiting program {reason}")
+            return iteration, True
+    return iteration, False
+
+
+def _exit_reason(args, iteration):
+    """Why the run stops after this iteration (--exit-duration-in-mins, --exit-interval), or None.
+
+    The duration is decided by an all-reduce (every rank, every iteration), so all ranks stop together.
+    """
+    if args.exit_duration_in_mins is not None:
+        minutes = (time.time() - args.train_start_time) / 60.0
+        over = torch.tensor([int(minutes > args.exit_duration_in_mins)], dtype=torch.int32)
+        torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
+        if over.item():
+            return f"after {minutes:.2f} minutes (--exit-duration-in-mins {args.exit_duration_in_mins})"
+    if args.exit_interval and iteration % args.exit_interval == 0:
+        return f"at iteration {iteration} (--exit-interval {args.exit_interval})"
+    return None
 
 
 def _announce_profiling(args, engine):
@@ -177,7 +206,7 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     profiler = PipelineFlopsProfiler(model[0], seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args),
                                      peak_tflops=args.peak_tflops)
     profiler.start_profile()
-    loss = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
+    loss, skipped = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
     profiler.stop_profile()
     profiler.print_model_profile(profile_step=step)
     os.makedirs(args.profile_flops_output, exist_ok=True)
@@ -188,7 +217,7 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
             writer.add_scalar(tag, value, step)
         writer.flush()
     profiler.end_profile()
-    return loss
+    return loss, skipped
 
 
 def _record_loss(args, iteration, loss):
@@ -198,48 +227,100 @@ def _record_loss(args, iteration, loss):
             f.write(json.dumps({"iteration": iteration, "loss": loss, "loss_hex": float(loss).hex()}) + "\n")
 
 
-def _log_training(args, engine, iteration, interval, analytic, writer):
-    elapsed = (time.time() - interval["start"]) / interval["iters"]
-    loss = interval["loss"] / interval["iters"]
-    lr = engine.optimizer.param_groups[0]["lr"] if hasattr(engine.optimizer, "param_groups") else float("nan")
-    grad_norm = engine.get_global_grad_norm()
-    samples_per_s = args.global_batch_size / elapsed
-    tflops = sum(analytic.values()) / elapsed / args.world_size / 1e12
-    fields = [
-        f"iteration {iteration:8d}/{args.train_iters:8d}",
-        f"consumed samples: {args.consumed_train_samples:12d}",
-        f"elapsed time per iteration (ms): {elapsed * 1000.0:.1f}",
-        f"learning rate: {lr:.3E}",
-        f"global batch size: {args.global_batch_size:5d}",
-        f"lm loss: {loss:.6E}",
-    ]
-    if grad_norm is not None:
-        fields.append(f"grad norm: {float(grad_norm):.3f}")
-    fields += [
-        f"samples per second: {samples_per_s:.3f}",
-        f"tokens per second: {samples_per_s * args.seq_length:.1f}",
-        f"TFLOPs: {tflops:.4f}",
-    ]
-    print_rank_last(" " + " | ".join(fields) + " |")
-    if writer is not None:
-        writer.add_scalar("lm-loss-training/lm loss", loss, iteration)
-        writer.add_scalar("learning-rate/learning-rate", lr, iteration)
-        writer.add_scalar("iteration-time/iteration-time", elapsed, iteration)
-        writer.add_scalar("throughput/tflops-per-gpu", tflops, iteration)
-        if grad_norm is not None:
-            writer.add_scalar("grad-norm/grad-norm", float(grad_norm), iteration)
+@dataclass
+class _IterationLog:
+    """This iteration's figures, for the log line and TensorBoard."""
+    loss: float
+    learning_rate: float
+    loss_scale: Optional[float]
+    grad_norm: Optional[float]
+    params_norm: Optional[float]
+
+
+def _loss_scale(args, engine):
+    """DeepSpeed's current fp16 loss scale (None without fp16, as upstream prints none)."""
+    if not args.fp16:
+        return None
+    optimizer = engine.optimizer
+    scale = getattr(optimizer, "cur_scale", None)  # the ZeRO optimizer
+    return float(getattr(optimizer, "loss_scale", None) if scale is None else scale)  # FP16_Optimizer
+
+
+def _grad_norm(engine):
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def _log_training(args, iteration, interval, seconds_per_iteration, log, writer):
+    line = TrainingLogLine(
+        iteration=iteration, train_iters=args.train_iters, consumed_samples=args.consumed_train_samples,
+        consumed_tokens=args.consumed_train_tokens, seconds_per_iteration=seconds_per_iteration,
+        learning_rate=log.learning_rate, global_batch_size=args.global_batch_size, lm_loss=interval.mean_loss,
+        loss_scale=log.loss_scale, grad_norm=log.grad_norm, params_norm=log.params_norm,
+        actual_seqlen=args.actual_seq_length, skipped_iterations=interval.skipped, nan_iterations=interval.nan,
+        rates=throughput(args, seconds_per_iteration))
+    print_rank_last(line.format())
+    if writer is not None and args.log_timers_to_tensorboard:
+        _add_scalar_vs(args, writer, "iteration-time/iteration-time", seconds_per_iteration, iteration)
         writer.flush()
 
 
+def _add_scalar_vs(args, writer, tag, value, iteration):
+    """Upstream's triple: against iterations, consumed samples and consumed tokens."""
+    writer.add_scalar(tag, value, iteration)
+    writer.add_scalar(f"{tag} vs samples", value, args.consumed_train_samples)
+    writer.add_scalar(f"{tag} vs tokens", value, args.consumed_train_tokens)
+
+
+def _write_iteration_scalars(args, writer, engine, optimizer, iteration, log):
+    """Upstream's per-iteration TensorBoard scalars (written by the last rank; the optimizer-state
+    figures need every rank, so all compute them when they are asked for)."""
+    stats = None
+    if args.log_optimizer_states_to_tensorboard and args.tensorboard_dir:
+        stats = optimizer_state_stats(optimizer, args.zero_stage)
+    if writer is None:
+        return
+    writer.add_scalar("steps-vs-samples/y=steps,x=samples", iteration, args.consumed_train_samples)
+    writer.add_scalar("steps-vs-samples/y=samples,x=steps", args.consumed_train_samples, iteration)
+    writer.add_scalar("steps-vs-tokens/y=steps,x=tokens", iteration, args.consumed_train_tokens)
+    writer.add_scalar("steps-vs-tokens/y=tokens,x=steps", args.consumed_train_tokens, iteration)
+    if args.log_learning_rate_to_tensorboard:
+        _add_scalar_vs(args, writer, "learning-rate/learning-rate", log.learning_rate, iteration)
+    if args.log_batch_size_to_tensorboard:
+        _add_scalar_vs(args, writer, "batch-size/batch-size", args.global_batch_size, iteration)
+    _add_scalar_vs(args, writer, "lm-loss-training/lm loss", log.loss, iteration)
+    if log.loss_scale and args.log_loss_scale_to_tensorboard:
+        _add_scalar_vs(args, writer, "loss-scale/loss-scale", log.loss_scale, iteration)
+    if args.log_world_size_to_tensorboard:
+        _add_scalar_vs(args, writer, "world-size/world-size", args.world_size, iteration)
+    if log.grad_norm is not None:
+        _add_scalar_vs(args, writer, "grad-norm/grad-norm", log.grad_norm, iteration)
+    if log.params_norm is not None:
+        _add_scalar_vs(args, writer, "params-norm/params-norm", log.params_norm, iteration)
+    _add_scalar_vs(args, writer, "seqlen/actual_seq_length", args.actual_seq_length, iteration)
+    if stats is not None:
+        for name, values in (("l2", stats.l2), ("l1", stats.l1), ("abs_max", stats.abs_max)):
+            for quantity, value in values.items():
+                writer.add_scalar(f"optimizer/{quantity}_{name}", value, iteration)
+                writer.add_scalar(f"optimizer/{quantity}_{name} vs tokens", value, args.consumed_train_tokens)
+    writer.flush()
+
+
+_writer = None
+
+
 def _tensorboard_writer(args):
-    """A SummaryWriter on the last rank (it holds the loss), when --tensorboard-dir is given."""
+    """The SummaryWriter of the last rank (it holds the loss), when --tensorboard-dir is given; one per run."""
+    global _writer
     if not args.tensorboard_dir or torch.distributed.get_rank() != torch.distributed.get_world_size() - 1:
         return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise SystemExit("error: --tensorboard-dir needs the tensorboard package (pip install tensorboard)")
-    return SummaryWriter(log_dir=args.tensorboard_dir)
+    if _writer is None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise SystemExit("error: --tensorboard-dir needs the tensorboard package (pip install tensorboard)")
+        _writer = SummaryWriter(log_dir=args.tensorboard_dir, max_queue=args.tensorboard_queue_size)
+    return _writer
 
 
 def evaluate(model, valid_ds, args):
@@ -271,5 +352,8 @@ def evaluate_and_print_results(prefix, iteration, model, valid_ds, args, writer=
     line = f" validation loss at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} | "
     print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
     if writer is not None:
-        writer.add_scalar("lm-loss-validation/lm loss", loss, iteration)
+        _add_scalar_vs(args, writer, "lm-loss-validation/lm loss validation", loss, iteration)
+        if args.log_validation_ppl_to_tensorboard:
+            _add_scalar_vs(args, writer, "lm-loss-validation/lm loss validation ppl", ppl, iteration)
+        writer.flush()
     return loss

@@ -52,8 +52,9 @@ def test_pp2_tp2_trains_and_loss_goes_down(pp2_tp2_plain_run):
     first, last = sum(losses[i] for i in (1, 2, 3)) / 3, sum(losses[i] for i in (18, 19, 20)) / 3
     assert last < first - 0.3, losses
     log = process.stdout
-    for field in ("iteration       20/      20", "consumed samples:", "elapsed time per iteration (ms):",
-                  "learning rate:", "lm loss:", "grad norm:", "tokens per second:", "TFLOPs:"):
+    for field in ("iteration       20/      20", "consumed samples:", "consumed tokens:",
+                  "elapsed time per iteration (ms):", "learning rate:", "lm loss:", "grad norm:",
+                  "tokens per gpu per second (tgs):", "TFLOPs:"):
         assert field in log, field
 
 

@@ -1,0 +1,246 @@
+"""Upstream Megatron-DeepSpeed flags this fork accepts without acting on them, and those it refuses.
+
+An existing launch script must either run here or stop at start with one line saying which of its
+flags asks for something this fork does not have; it must never stop at "unrecognized arguments"
+for a flag upstream knows, nor ignore a feature silently.
+
+- NO_OPS: switches of upstream's CUDA kernels and of code paths DeepSpeed replaces. They change
+  nothing numerically here; they are accepted and listed once in the log.
+- UNSUPPORTED_OPTIONS: valued flags whose "off" value is accepted (`--num-experts 1`); any other value
+  stops the run.
+- UNSUPPORTED_FLAGS: any use stops the run. These are recognised by name before argparse runs, so
+  their values need no parsing.
+"""
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class NoOpFlag:
+    flags: tuple          # the option strings (the first is the name the log uses)
+    why: str              # why it changes nothing here
+    value_type: Optional[Callable] = None  # None: a switch
+    choices: Optional[tuple] = None
+
+
+@dataclass(frozen=True)
+class UnsupportedOption:
+    flag: str
+    feature: str
+    off: Any                     # upstream's default, the value that asks for nothing
+    value_type: Callable = int
+    nargs: Optional[str] = None
+    choices: Optional[tuple] = None
+
+
+_KERNEL = "a CUDA kernel switch; this fork runs plain PyTorch kernels"
+_MEGATRON_DDP = "configures Megatron's own data-parallel/pipeline code, which DeepSpeed's engine replaces"
+_ZERO_CONFIG = "the DeepSpeed config's zero_optimization section decides, as upstream"
+
+NO_OPS = (
+    NoOpFlag(("--no-async-tensor-model-parallel-allreduce",), "upstream turns it off under DeepSpeed too"),
+    NoOpFlag(("--no-masked-softmax-fusion",), _KERNEL),
+    NoOpFlag(("--no-bias-gelu-fusion",), _KERNEL),
+    NoOpFlag(("--no-bias-dropout-fusion",), _KERNEL),
+    NoOpFlag(("--no-gradient-accumulation-fusion",), _KERNEL),
+    NoOpFlag(("--no-persist-layer-norm",), _KERNEL),
+    NoOpFlag(("--use-flash-attn", "--use-flash-attn-v1"),
+             "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
+    NoOpFlag(("--use-flash-attn-v2",), "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
+    NoOpFlag(("--use-flash-attn-triton",),
+             "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
+    NoOpFlag(("--use-flash-attn-builder",),
+             "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
+    NoOpFlag(("--no-query-key-layer-scaling",), "attention scores are never scaled by the layer number here"),
+    NoOpFlag(("--accumulate-allreduce-grads-in-fp32",), "DeepSpeed's optimizers decide (bf16 accumulates in fp32)"),
+    NoOpFlag(("--no-contiguous-buffers-in-local-ddp",), _MEGATRON_DDP),
+    NoOpFlag(("--no-scatter-gather-tensors-in-pipeline",), _MEGATRON_DDP),
+    NoOpFlag(("--use-ring-exchange-p2p",), _MEGATRON_DDP),
+    NoOpFlag(("--overlap-p2p-communication",), _MEGATRON_DDP),
+    NoOpFlag(("--DDP-impl",), _MEGATRON_DDP, value_type=str, choices=("local", "torch")),
+    NoOpFlag(("--use-cpu-initialization",), "weights are initialised the same on CPU and GPU here"),
+    NoOpFlag(("--empty-unused-memory-level",), "a CUDA cache-release switch", value_type=int, choices=(0, 1, 2)),
+    NoOpFlag(("--zero-reduce-scatter",), _ZERO_CONFIG),
+    NoOpFlag(("--zero-contigious-gradients",), _ZERO_CONFIG),
+    NoOpFlag(("--zero-reduce-bucket-size",), _ZERO_CONFIG, value_type=int),
+    NoOpFlag(("--zero-allgather-bucket-size",), _ZERO_CONFIG, value_type=int),
+    NoOpFlag(("--use-pin-memory",), "pins memory for ZeRO-3 parameter offload, which is refused here"),
+    NoOpFlag(("--no-barrier-with-level-1-timing",), "only affects upstream's per-operation timers (not reported)"),
+    NoOpFlag(("--timing-log-option",), "only affects upstream's per-operation timers (not reported)",
+             value_type=str, choices=("max", "minmax", "all")),
+)
+
+_MOE = "mixture of experts (MoE)"
+_ULYSSES = "DeepSpeed sequence parallelism (Ulysses)"
+UNSUPPORTED_OPTIONS = (
+    UnsupportedOption("--num-experts", _MOE, off=[1], nargs="+"),
+    UnsupportedOption("--mlp-type", _MOE, off="standard", value_type=str, choices=("standard", "residual")),
+    UnsupportedOption("--topk", _MOE, off=1),
+    UnsupportedOption("--expert-interval", _MOE, off=2),
+    UnsupportedOption("--moe-expert-parallel-size", _MOE, off=1),
+    UnsupportedOption("--moe-train-capacity-factor", _MOE, off=1.0, value_type=float),
+    UnsupportedOption("--moe-eval-capacity-factor", _MOE, off=1.0, value_type=float),
+    UnsupportedOption("--moe-min-capacity", _MOE, off=4),
+    UnsupportedOption("--moe-loss-coeff", _MOE, off=0.1, value_type=float),
+    UnsupportedOption("--ds-sequence-parallel-size", _ULYSSES, off=1),
+    UnsupportedOption("--wandb-project", "Weights & Biases logging", off="", value_type=str),
+    UnsupportedOption("--wandb-exp-name", "Weights & Biases logging", off="", value_type=str),
+    UnsupportedOption("--wandb-save-dir", "Weights & Biases logging", off="", value_type=str),
+    UnsupportedOption("--remote-device", "ZeRO-3 parameter offload", off="none", value_type=str,
+                      choices=("none", "cpu", "nvme")),
+    UnsupportedOption("--timing-log-level", "upstream's per-operation timers", off=0, choices=(0, 1, 2)),
+    UnsupportedOption("--transformer-impl", "Transformer Engine", off="local", value_type=str,
+                      choices=("local", "transformer_engine")),
+)
+
+# feature -> flags; any use of one of them stops the run.
+_REFUSED_BY_FEATURE = {
+    _MOE: ("--disable-moe-token-dropping", "--create-moe-param-group", "--disable-moe-top2-2nd-expert-sampling",
+           "--use-tutel", "--enable-expert-tensor-parallelism", "--num-experts-switch"),
+    "Megatron-LM sequence parallelism": ("--sequence-parallel",),
+    _ULYSSES: ("--force-ds-sequence-parallel", "--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-fpdt-chunk-size",
+               "--ds-sequence-parallel-fpdt-offloading"),
+    "random layer token drop (random-LTD)": ("--random-ltd",),
+    "DeepSpeed data-efficiency curriculum learning": ("--data-efficiency-curriculum-learning",),
+    "batch-size ramp-up": ("--rampup-batch-size",),
+    "the interleaved pipeline schedule": ("--num-layers-per-virtual-pipeline-stage",),
+    "the zero-bubble pipeline schedule": ("--enable-zbh1-pipeline", "--enable-zbh1-exact-semantics"),
+    "an encoder-decoder pipeline split": ("--pipeline-model-parallel-split-rank",),
+    "a standalone embedding pipeline stage (see --pp-partition-method)": ("--standalone-embedding-stage",),
+    "Megatron's distributed optimizer (use ZeRO stage 1 in the DeepSpeed config)": ("--use-distributed-optimizer",),
+    "CPU and fused-Adam optimizer variants": ("--cpu-optimizer", "--cpu_torch_adam", "--ds_fused_adam"),
+    "inference mode": ("--inference", "--ds-inference", "--inference-batch-times-seqlen-threshold",
+                       "--max-tokens-to-oom", "--output-bert-embeddings", "--bert-embedder-type"),
+    "knowledge distillation and mixture of students": (
+        "--mos", "--kd", "--kd-alpha-ce", "--kd-beta-ce", "--kd-temp", "--num-layers-teacher",
+        "--num-experts-teacher", "--hidden-size-teacher", "--num-attention-heads-teacher", "--load-teacher",
+        "--reset-iteration"),
+    "memory optimisations (tiled linear, split transformers, scattered embeddings)": (
+        "--scattered-embeddings", "--split-transformers", "--memory-centric-tiled-linear", "--tile-factor"),
+    "lazy model-parallel initialisation": ("--lazy-mpu-init",),
+    "per-replica random initialisation": ("--data-parallel-random-init",),
+    "upstream's torch profiler (this fork profiles FLOPs with --profile-flops-step)": (
+        "--profile", "--profile_steps", "--profile-ranks"),
+    "counting zeros in gradients": ("--log-num-zeros-in-grad",),
+    "memory logging to TensorBoard": ("--log-memory-to-tensorboard",),
+    "saving and exiting on SIGTERM": ("--exit-signal-handler",),
+    "a kill-switch file": ("--kill-switch-file",),
+    "ADLR auto-resume": ("--adlr-autoresume", "--adlr-autoresume-interval"),
+    "--skip-train (evaluation only)": ("--skip-train",),
+    "--use-dataset-only (an external trainer)": ("--use-dataset-only",),
+    "fp32 residual connections": ("--fp32-residual-connection",),
+    "the attention softmax precision switch": ("--attention-softmax-in-fp32",),
+    "an fp16 LM-head cross entropy": ("--fp16-lm-cross-entropy",),
+    "Transformer Engine fp8": ("--fp8-e4m3", "--fp8-hybrid", "--no-fp8-wgrad", "--fp8-margin", "--fp8-interval",
+                               "--fp8-amax-history-len", "--fp8-amax-compute-algo"),
+    "RETRO": ("--retro-workdir", "--retro-add-retriever", "--retro-cyclic-train-iters", "--retro-encoder-layers",
+              "--retro-encoder-hidden-dropout", "--retro-encoder-attention-dropout", "--retro-num-neighbors",
+              "--retro-num-retrieved-chunks", "--retro-return-doc-ids"),
+    "biencoder / ICT / REALM": (
+        "--ict-head-size", "--biencoder-projection-dim", "--biencoder-shared-query-context-model", "--ict-load",
+        "--bert-load", "--titles-data-path", "--query-in-block-prob", "--use-one-sent-docs", "--evidence-data-path",
+        "--retriever-report-topk-accuracies", "--retriever-score-scaling", "--block-data-path", "--embedding-path",
+        "--indexer-batch-size", "--indexer-log-interval"),
+    "vision models": (
+        "--num-classes", "--img-h", "--img-w", "--num-channels", "--patch-dim", "--classes-fraction",
+        "--data-per-class-fraction", "--no-data-sharding", "--head-lr-mult", "--vision-pretraining",
+        "--vision-pretraining-type", "--vision-backbone-type", "--swin-backbone-type", "--mask-type", "--mask-factor",
+        "--iter-per-epoch", "--dino-local-img-size", "--dino-local-crops-number", "--dino-head-hidden-size",
+        "--dino-bottleneck-size", "--dino-freeze-last-layer", "--dino-norm-last-layer", "--dino-warmup-teacher-temp",
+        "--dino-teacher-temp", "--dino-warmup-teacher-temp-epochs"),
+}
+# Flags upstream itself rejects with a pointer to their successor.
+_DEPRECATED = {
+    "--batch-size": "--batch-size is no longer valid upstream either: use --micro-batch-size",
+    "--warmup": "--warmup is no longer valid upstream either: use --lr-warmup-fraction or --lr-warmup-iters",
+    "--model-parallel-size":
+        "--model-parallel-size is no longer valid upstream either: use --tensor-model-parallel-size",
+}
+UNSUPPORTED_FLAGS = {flag: feature for feature, flags in _REFUSED_BY_FEATURE.items() for flag in flags}
+
+# DeepSpeed config sections asking for features this fork does not have (when enabled).
+UNSUPPORTED_CONFIG_SECTIONS = {
+    "curriculum_learning": "curriculum learning",
+    "data_efficiency": "DeepSpeed data efficiency (curriculum learning, random-LTD)",
+    "compression_training": "compression training",
+}
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_no_op_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("upstream switches accepted without effect here (listed once in the log)")
+    for entry in NO_OPS:
+        dest = _dest(entry.flags[0])
+        if entry.value_type is None:
+            group.add_argument(*entry.flags, dest=dest, action="store_true", help=entry.why)
+        else:
+            group.add_argument(*entry.flags, dest=dest, type=entry.value_type, choices=entry.choices, default=None,
+                               help=entry.why)
+
+
+def add_unsupported_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("upstream features not in this fork (accepted only at their 'off' value)")
+    for option in UNSUPPORTED_OPTIONS:
+        group.add_argument(option.flag, dest=_dest(option.flag), type=option.value_type, nargs=option.nargs,
+                           choices=option.choices, default=option.off,
+                           help=f"{option.feature}: not supported here; only {_format(option.off)} is accepted")
+
+
+def given_no_ops(args: argparse.Namespace) -> list:
+    """'--flag (why)' for every no-op flag the command line set."""
+    given = []
+    for entry in NO_OPS:
+        value = getattr(args, _dest(entry.flags[0]))
+        if value is True or (entry.value_type is not None and value is not None):
+            given.append(f"{entry.flags[0]} ({entry.why})")
+    return given
+
+
+def refused_on_command_line(argv: Sequence[str], known: Callable[[str], bool]) -> Optional[str]:
+    """The one-line reason the first refused flag in argv stops the run, or None.
+
+    `known(flag)` says whether the parser itself defines the flag (then it is never refused here).
+    """
+    for token in argv:
+        if not token.startswith("--"):
+            continue
+        flag = token.split("=", 1)[0]
+        if known(flag):
+            continue
+        if flag in _DEPRECATED:
+            return _DEPRECATED[flag]
+        if flag in UNSUPPORTED_FLAGS:
+            return f"{flag}: {UNSUPPORTED_FLAGS[flag]} is not supported here"
+    return None
+
+
+def refused_option_value(args: argparse.Namespace) -> Optional[str]:
+    """The one-line reason a valued unsupported option set to anything but its 'off' value stops the run."""
+    for option in UNSUPPORTED_OPTIONS:
+        value = getattr(args, _dest(option.flag))
+        off = all(v in option.off for v in value) if isinstance(option.off, list) else value == option.off
+        if not off:
+            return f"{option.flag} {_format(value)}: {option.feature} is not supported here " \
+                   f"(only {option.flag} {_format(option.off)} is accepted)"
+    return None
+
+
+def refused_config_section(config: dict) -> Optional[str]:
+    for key, feature in UNSUPPORTED_CONFIG_SECTIONS.items():
+        section = config.get(key)
+        if section is None:
+            continue
+        enabled = section.get("enabled", True) if isinstance(section, dict) else bool(section)
+        if enabled:
+            return f"DeepSpeed config section {key!r}: {feature} is not supported here"
+    return None
+
+
+def _format(value) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return repr(value) if value == "" else str(value)
