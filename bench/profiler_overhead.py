@@ -35,12 +35,11 @@ from torch.utils import flop_counter
 # what a user's FlopCounterMode counts.
 STOCK_FLOP_OPS = frozenset(flop_counter.flop_registry)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: megatron, patches, bench
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from bench.harness import (REFERENCE, TINY, build_pipeline_engine, init_megatron, launched, load,  # noqa: E402
+# A script: its own directory is on sys.path, so the sibling harness imports by name.
+from harness import (REFERENCE, TINY, build_pipeline_engine, init_megatron, launched, load,
                            machine, median, print0, set_pipeline_checkpointing, spawn, sum_over_ranks, table, timed,
                            timed_iteration)
 

@@ -20,11 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: megatron, patches, bench
+import torch.distributed as dist
 
-import torch.distributed as dist  # noqa: E402
-
-from bench.harness import (TINY, build_pipeline_engine, init_megatron, launched, load, machine, median,  # noqa: E402
+# A script: its own directory is on sys.path, so the sibling harness imports by name.
+from harness import (TINY, build_pipeline_engine, init_megatron, launched, load, machine, median,
                            spawn, table, timed)
 
 # A GPT small enough for 64 layers on 2 cores; 8 micro-batches keep an 8-stage pipeline busy.

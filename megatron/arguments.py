@@ -17,6 +17,7 @@ import deepspeed
 
 from megatron import upstream_flags
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
+from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
 
 EXIT_BAD_ARGS = 2
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
@@ -190,7 +191,11 @@ def _add_data_args(parser):
     g.add_argument("--split", default="969,30,1")
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
-    g.add_argument("--tokenizer-type", default="GPT2BPETokenizer", choices=["GPT2BPETokenizer"])
+    g.add_argument("--data-impl", default="infer", choices=["mmap", "infer"],
+                   help="indexed dataset format: mmap, or infer it from the .idx header (only mmap exists here)")
+    g.add_argument("--num-workers", type=int, default=2, help="DataLoader worker processes per rank (0: read in-line)")
+    g.add_argument("--tokenizer-type", default="GPT2BPETokenizer", choices=list(TOKENIZER_TYPES))
+    g.add_argument("--tokenizer-model", default=None, help="the SentencePiece model of GPTSentencePieceTokenizer")
     g.add_argument("--synthetic-vocab-size", type=int, default=1024,
                    help="vocabulary of the synthetic source used when no --data-path is given")
 
@@ -467,10 +472,10 @@ def _validate_load(args):
 
 
 def _validate_data(args):
+    _require(args.num_workers >= 0, "--num-workers must be >= 0")
     if args.data_path:
-        _require(args.vocab_file and args.merge_file, "--data-path needs --vocab-file and --merge-file")
-        for path in (args.vocab_file, args.merge_file):
-            _require(os.path.isfile(path), f"tokenizer file not found: {path}")
+        problem = tokenizer_files_problem(args)
+        _require(problem is None, f"--data-path: {problem}")
         try:
             split = [float(x) for x in args.split.replace("/", ",").split(",")]
         except ValueError:

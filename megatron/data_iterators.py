@@ -3,9 +3,13 @@
 Megatron's order: the global batch of an iteration is cut into micro-batches; within a micro-batch
 slot, data-parallel rank r takes the r-th slice. The position is the number of consumed samples, so
 a run resumed from a checkpoint continues with exactly the samples it would have seen.
+
+Samples are read by a torch DataLoader with --num-workers worker processes (upstream's default, 2):
+the batch sampler decides the order, so the micro-batches are the same with any number of workers.
 """
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 
 class SyntheticGPTDataset:
@@ -50,8 +54,31 @@ def gpt_batch(samples):
     return tokens, labels, torch.ones_like(labels, dtype=torch.float32)
 
 
-def pipeline_batches(dataset, consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank):
-    """Micro-batches as the PipelineEngine loads them: (inputs, (labels, loss_mask))."""
-    for indices in micro_batch_indices(consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank):
-        tokens, labels, loss_mask = gpt_batch([dataset[i % len(dataset)] for i in indices])
-        yield tokens, (labels, loss_mask)
+class _WrappedIndices:
+    """The endless micro-batch index lists, wrapped into the dataset's range (an epoch is the dataset)."""
+
+    def __init__(self, dataset_length, consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank):
+        self.dataset_length = dataset_length
+        self.sampler_args = (consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank)
+
+    def __iter__(self):
+        for indices in micro_batch_indices(*self.sampler_args):
+            yield [i % self.dataset_length for i in indices]
+
+
+def _pipeline_collate(samples):
+    tokens, labels, loss_mask = gpt_batch(samples)
+    return tokens, (labels, loss_mask)
+
+
+def pipeline_batches(dataset, consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank,
+                     num_workers=0):
+    """Micro-batches as the PipelineEngine loads them: (inputs, (labels, loss_mask)), endless.
+
+    num_workers > 0 reads them in that many DataLoader worker processes, each batch prefetched.
+    """
+    batch_sampler = _WrappedIndices(len(dataset), consumed_samples, micro_batch_size, data_parallel_size,
+                                    data_parallel_rank)
+    loader = DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_pipeline_collate, num_workers=num_workers,
+                        persistent_workers=False)
+    return iter(loader)

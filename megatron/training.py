@@ -94,7 +94,7 @@ def _build_iterator(dataset, consumed_samples, args):
     if dataset is None:
         return None
     return pipeline_batches(dataset, consumed_samples, args.micro_batch_size,
-                            mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank())
+                            mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank(), args.num_workers)
 
 
 def train_step(forward_step_func, data_iterator, model, optimizer, lr_scheduler):
@@ -327,7 +327,7 @@ def evaluate(model, valid_ds, args):
     """Mean lm loss over --eval-iters global batches of the validation set."""
     engine = model[0]
     data = pipeline_batches(valid_ds, 0, args.micro_batch_size,
-                            mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank())
+                            mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank(), args.num_workers)
     total = 0.0
     for _ in range(args.eval_iters):
         if _is_pipeline(engine):

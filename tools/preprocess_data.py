@@ -8,6 +8,9 @@ unless --skip-bad-lines is given, in which case such lines are skipped and count
     python tools/preprocess_data.py --input docs.jsonl --output-prefix data/demo \
         --vocab-file vocab.json --merge-file merges.txt --tokenizer-type GPT2BPETokenizer \
         --append-eod --workers 2
+
+A SentencePiece model (LLaMA's tokenizer) instead: --tokenizer-type GPTSentencePieceTokenizer
+--tokenizer-model tokenizer.model.
 """
 import argparse
 import json
@@ -18,9 +21,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype  # noqa: E402
-from megatron.tokenizer import build_tokenizer  # noqa: E402
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 CHUNK_SIZE = 64  # lines per task handed to a worker: amortises inter-process traffic
 MAX_REPORTED_BAD_LINES = 10
@@ -34,10 +37,12 @@ def get_args(argv=None):
     group.add_argument("--skip-bad-lines", action="store_true",
                        help="skip lines that are not JSON objects or lack a key (default: stop with exit 2)")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", default="GPT2BPETokenizer", choices=["GPT2BPETokenizer"])
-    group.add_argument("--vocab-file", required=True)
-    group.add_argument("--merge-file", required=True)
-    group.add_argument("--append-eod", action="store_true", help="end every document with <|endoftext|>")
+    group.add_argument("--tokenizer-type", default="GPT2BPETokenizer", choices=list(TOKENIZER_TYPES))
+    group.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer's vocab.json")
+    group.add_argument("--merge-file", default=None, help="GPT2BPETokenizer's merges.txt")
+    group.add_argument("--tokenizer-model", default=None, help="GPTSentencePieceTokenizer's SentencePiece model")
+    group.add_argument("--append-eod", action="store_true",
+                       help="end every document with the tokenizer's end-of-document token")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True)
     group.add_argument("--dataset-impl", default="mmap", choices=["mmap"])

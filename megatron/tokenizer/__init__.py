@@ -1,3 +1,3 @@
-from .tokenizer import GPT2BPETokenizer, build_tokenizer, vocab_size_with_padding
+from .tokenizer import GPT2BPETokenizer, GPTSentencePieceTokenizer, build_tokenizer, vocab_size_with_padding
 
-__all__ = ["GPT2BPETokenizer", "build_tokenizer", "vocab_size_with_padding"]
+__all__ = ["GPT2BPETokenizer", "GPTSentencePieceTokenizer", "build_tokenizer", "vocab_size_with_padding"]

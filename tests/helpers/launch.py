@@ -4,7 +4,7 @@ Every multi-process test carries the `launch` marker, so `-m "not launch"` keeps
 fast. free_port() and deepspeed_launcher(), which every launch needs, check it: a test that starts
 processes without the marker fails at once instead of slowing the fast tier down.
 """
-import importlib.util
+import importlib
 import json
 import os
 import socket
@@ -83,8 +83,5 @@ def explain(process):
 
 
 def load_tool(name):
-    """A script of tools/ as a module, to test its functions directly."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A command-line tool (megatron/cli/, also tools/NAME.py) as a module, to test its functions directly."""
+    return importlib.import_module(f"megatron.cli.{name}")

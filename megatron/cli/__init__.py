@@ -1,0 +1,1 @@
+"""Command-line tools installed as console scripts (megatron-plot-profile, megatron-compare-profiles)."""
