@@ -464,11 +464,19 @@ def _dest(flag):
 
 def _validate_load(args):
     if args.load:
-        from megatron.checkpointing import LATEST_FILE, read_latest_tag
+        from megatron.checkpointing import LATEST_FILE, CheckpointError, check_checkpoint_args, read_latest_tag, \
+            saved_args
 
         tag = read_latest_tag(args.load)
         _require(tag is None or os.path.isdir(os.path.join(args.load, tag)),
                  f"--load {args.load}: {LATEST_FILE} names checkpoint {tag}, which is not there")
+        if tag is not None:
+            try:
+                saved = saved_args(args.load, tag)
+                if saved is not None:
+                    check_checkpoint_args(saved, args)
+            except CheckpointError as error:
+                raise ArgumentError(f"--load {args.load}: {error}")
 
 
 def _validate_data(args):

@@ -40,9 +40,10 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
 def _build_and_train(args, train_valid_test_dataset_provider, model_provider, forward_step_func):
     train_ds, valid_ds, _ = train_valid_test_dataset_provider(_train_valid_test_num_samples(args))
     model, optimizer, lr_scheduler = setup_model_and_optimizer(model_provider)
-    args.iteration, args.consumed_train_samples = 0, 0
+    args.iteration, args.consumed_train_samples, args.consumed_train_tokens = 0, 0, 0
     if args.load:
-        args.iteration, args.consumed_train_samples = load_checkpoint(model[0], args.load)
+        args.iteration, args.consumed_train_samples, args.consumed_train_tokens = \
+            load_checkpoint(model[0], args.load, args)
     if not args.consumed_train_tokens:
         args.consumed_train_tokens = args.consumed_train_samples * args.seq_length  # a fixed sequence length
 
@@ -55,7 +56,7 @@ def _build_and_train(args, train_valid_test_dataset_provider, model_provider, fo
                                    _tensorboard_writer(args))
     saved_by_interval = args.save_interval and iteration % args.save_interval == 0
     if args.save and iteration > args.iteration and not saved_by_interval:
-        save_checkpoint(model[0], args.save, iteration, args.consumed_train_samples)
+        save_checkpoint(model[0], args.save, iteration, args)
     print_rank_0(f"> training done: {iteration} iterations")
     return model
 
@@ -152,7 +153,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
             _log_training(args, iteration, interval, seconds, log, writer)
             interval, interval_start = IntervalStats(), time.time()
         if args.save and args.save_interval and iteration % args.save_interval == 0:
-            save_checkpoint(engine, args.save, iteration, args.consumed_train_samples)
+            save_checkpoint(engine, args.save, iteration, args)
         if args.eval_iters > 0 and valid_ds is not None and iteration % args.eval_interval == 0 \
                 and iteration != args.train_iters:
             evaluate_and_print_results(f"iteration {iteration}", iteration, model, valid_ds, args, writer)
@@ -160,7 +161,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
         if reason is not None:
             saved = bool(args.save_interval) and iteration % args.save_interval == 0
             if args.save and not saved:
-                save_checkpoint(engine, args.save, iteration, args.consumed_train_samples)
+                save_checkpoint(engine, args.save, iteration, args)
             torch.distributed.barrier()
             print_rank_0(f"> exiting program {reason}")
             return iteration, True

@@ -2,6 +2,7 @@
 import shutil
 
 import pytest
+import torch
 
 from tests.helpers.flags import SCHEDULE, layout
 from tests.helpers.launch import explain, run_pretrain
@@ -70,3 +71,32 @@ def test_resume_matches_uninterrupted_run(tmp_path, pp2_tp1_straight):
     assert sorted(resumed_losses) == list(range(6, 11))
     for iteration in range(6, 11):
         assert resumed_losses[iteration] == straight_losses[iteration], iteration
+
+
+def test_checkpoint_has_upstream_layout_and_client_state(pp2_tp1_straight):
+    checkpoints, _ = pp2_tp1_straight
+    assert (checkpoints / "latest").read_text() == "global_step10"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "10"
+    names = sorted(path.name for path in (checkpoints / "global_step10").iterdir())
+    assert "mp_rank_00_model_states.pt" in names and "layer_01-model_00-model_states.pt" in names
+    state = torch.load(checkpoints / "global_step10" / "mp_rank_00_model_states.pt", weights_only=False)
+    for key in ("args", "checkpoint_version", "iteration", "tokens", "random_rng_state", "np_rng_state",
+                "torch_rng_state", "rng_tracker_states", "lr_scheduler"):
+        assert key in state, key
+    assert (state["iteration"], state["checkpoint_version"]) == (10, 3.0)
+    micro_batches = 8  # 4 micro-batches of 2
+    assert state["args"].consumed_train_samples == 10 * micro_batches
+    assert state["tokens"] == 10 * micro_batches * state["args"].seq_length
+    assert state["lr_scheduler"]["num_steps"] == 10 * micro_batches
+
+
+def test_checkpoint_of_another_shape_is_refused_in_one_line(tmp_path, pp2_tp1_straight):
+    checkpoints, _ = pp2_tp1_straight
+    flags = PP2_TP1 + SCHEDULE + ["--num-layers", "8", "--train-iters", "12", "--load", checkpoints]  # saved: 4
+    process, _ = run_pretrain(tmp_path, 2, flags, name="wrong")
+    output = process.stdout + process.stderr
+    assert process.returncode == 2, explain(process)
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --load {checkpoints}: the checkpoint has num_layers 4, this run 8: a checkpoint "
+                      "loads only into the same model and tensor/pipeline layout"], explain(process)
+    assert "Traceback" not in output, explain(process)
