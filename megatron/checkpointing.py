@@ -150,7 +150,7 @@ def load_checkpoint(engine, load_dir, args):
 
 
 def saved_args(load_dir, tag):
-    """The args a checkpoint was written with (None for a checkpoint without them).
+    """The args a checkpoint was written with (None for a checkpoint without them or without files).
 
     Every model-states file of a checkpoint holds the same client state; the first one is read
     (memory-mapped, so a plain engine's weights in it are not read in).
@@ -159,7 +159,7 @@ def saved_args(load_dir, tag):
     names = sorted(name for name in os.listdir(directory)
                    if name.endswith("model_states.pt") and not name.startswith("layer_"))
     if not names:
-        raise CheckpointError(f"{directory} holds no *model_states.pt file: not a DeepSpeed checkpoint")
+        return None  # DeepSpeed's load says what is missing
     return torch.load(os.path.join(directory, names[0]), map_location="cpu", weights_only=False, mmap=True).get("args")
 
 
