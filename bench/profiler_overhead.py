@@ -25,9 +25,7 @@ The last line is `profiled/unprofiled iteration time ratio: X.XX` (part 1).
 import argparse
 import copy
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 from torch.utils import flop_counter
 
@@ -35,13 +33,27 @@ from torch.utils import flop_counter
 # what a user's FlopCounterMode counts.
 STOCK_FLOP_OPS = frozenset(flop_counter.flop_registry)
 
-import torch
-import torch.distributed as dist
+import torch  # noqa: E402  (after the registry snapshot above)
+import torch.distributed as dist  # noqa: E402
 
 # A script: its own directory is on sys.path, so the sibling harness imports by name.
-from harness import (REFERENCE, TINY, build_pipeline_engine, init_megatron, launched, load,
-                           machine, median, print0, set_pipeline_checkpointing, spawn, sum_over_ranks, table, timed,
-                           timed_iteration)
+from harness import (  # noqa: E402
+    REFERENCE,
+    TINY,
+    build_pipeline_engine,
+    init_megatron,
+    launched,
+    load,
+    machine,
+    median,
+    print0,
+    set_pipeline_checkpointing,
+    spawn,
+    sum_over_ranks,
+    table,
+    timed,
+    timed_iteration,
+)
 
 PIPELINE = 2
 OURS, DEEPSPEED = "ours (PipelineFlopsProfiler)", "DeepSpeed FlopsProfiler"
@@ -80,6 +92,7 @@ def build_pp1_engine(args):
     """The same GPT without a pipeline on a DeepSpeedEngine; each rank is a data-parallel replica
     training the reference batch (micro-batches as gradient-accumulation steps)."""
     import deepspeed
+
     from megatron.data_iterators import pipeline_batches
     from megatron.model import GPTModel
 

@@ -3,9 +3,9 @@ import os
 import random
 from datetime import timedelta
 
+import deepspeed
 import numpy as np
 import torch
-import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 import patches

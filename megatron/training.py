@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 import deepspeed
+import torch
 
 from megatron import liveness, mpu
 from megatron.analytic_flops import gpt_flops_per_iteration
@@ -192,8 +192,9 @@ def _announce_profiling(args, engine):
         from patches.flops_profiler_config import yield_to_flag
 
         yield_to_flag(args.profile_flops_step)
+        section_step = section.get("profile_step", 1)
         print_rank_0(f"> --profile-flops-step {args.profile_flops_step} takes precedence over the DeepSpeed "
-                     f"config's flops_profiler section (profile_step {section.get('profile_step', 1)}), which is ignored")
+                     f"config's flops_profiler section (profile_step {section_step}), which is ignored")
     print_rank_0(f"> FLOPs profiler: iteration {args.profile_flops_step} will be profiled on every stage")
 
 
@@ -319,7 +320,8 @@ def _tensorboard_writer(args):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise SystemExit("error: --tensorboard-dir needs the tensorboard package (pip install tensorboard)")
+            message = "error: --tensorboard-dir needs the tensorboard package (pip install tensorboard)"
+            raise SystemExit(message) from None
         _writer = SummaryWriter(log_dir=args.tensorboard_dir, max_queue=args.tensorboard_queue_size)
     return _writer
 

@@ -81,7 +81,8 @@ def test_another_configuration_gives_the_true_differences(runs, tmp_path):
     process = compare(a_run.report_path, b_run.report_path, "--top", "5")
     assert process.returncode == 0, process.stderr
     assert "Identical" not in process.stdout
-    module_lines = process.stdout.split("Modules (largest changes first; 5 of 258 rows, --top 0 shows all):\n")[1].splitlines()
+    heading = "Modules (largest changes first; 5 of 258 rows, --top 0 shows all):\n"
+    module_lines = process.stdout.split(heading)[1].splitlines()
     assert len(module_lines) == 6  # header and the 5 largest changes, in order
     for line, row in zip(module_lines[1:], comparison["modules"]):
         assert line.split()[:2] == [row["scope"], row["label"].split()[0]]
@@ -126,9 +127,11 @@ def test_different_models_are_refused_in_one_line(runs, tmp_path):
     renamed_path.write_text(json.dumps(renamed))
     process = compare(run.report_path, renamed_path)
     assert process.returncode == 2
-    assert process.stderr.count("\n") == 1 and "the reports profile different models: module 'embedding' is only in B" in process.stderr
+    assert process.stderr.count("\n") == 1
+    assert "the reports profile different models: module 'embedding' is only in B" in process.stderr
     not_a_report = tmp_path / "other.json"
     not_a_report.write_text('{"traceEvents": []}')
     process = compare(not_a_report, run.report_path)
     assert process.returncode == 2
-    assert process.stderr == f"error: {not_a_report} is not a FLOPs profile report (schema_version 1 with a model_tree)\n"
+    expected = f"error: {not_a_report} is not a FLOPs profile report (schema_version 1 with a model_tree)\n"
+    assert process.stderr == expected

@@ -4,7 +4,8 @@ A killed rank ends the whole run, on both nodes, within FAILURE_BOUND_S, every r
 with one line naming the rank that failed: its peers' connections break at once, naming the rank
 takes liveness.GRACE_S (2.5 s), the launchers poll their ranks every second and rank 0 stays up to
 3.5 s more for the others to read the store. Measured: about 6 s on a loaded 2-core machine. The
-process-group timeout (DIST_TIMEOUT_S here), which bounds a hung rank, plays no part. Checkpoints are published atomically: a save cut short leaves `latest` on the previous
+process-group timeout (DIST_TIMEOUT_S here), which bounds a hung rank, plays no part. Checkpoints are
+published atomically: a save cut short leaves `latest` on the previous
 complete checkpoint, which a resumed run loads and profiles.
 """
 import json

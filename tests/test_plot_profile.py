@@ -50,7 +50,8 @@ def test_figure_has_every_stage_and_track_with_units(run):
     bars, gantt = figure.axes[:2]
     assert [t.get_text() for t in bars.get_xticklabels()] == ["stage 0\nranks 0,1", "stage 1\nranks 2,3"]
     assert bars.get_ylabel() == "time in the profiled iteration (ms)"
-    assert [t.get_text() for t in gantt.get_yticklabels()] == ["stage 0 tp 0", "stage 0 tp 1", "stage 1 tp 0", "stage 1 tp 1"]
+    rows = [t.get_text() for t in gantt.get_yticklabels()]
+    assert rows == ["stage 0 tp 0", "stage 0 tp 1", "stage 1 tp 0", "stage 1 tp 1"]
     assert gantt.get_xlabel().startswith("time (ms")
     # the stacked bars are the stage's parts, which add up to all its instructions plus the untimed rest
     parts = [label for label, _ in tool.PARTS]
@@ -72,6 +73,7 @@ def test_without_a_trace_the_bars_alone(run, tmp_path):
     assert process.returncode == 0, process.stderr
     assert f"note: no trace at {tmp_path / 'pipeline_trace_step2.json'}: plotting the stage bars only" in process.stderr
     assert image.imread(str(out)).shape[:2] == (550, 1430)
-    missing = subprocess.run([sys.executable, str(TOOL), str(report), "-o", str(out), "--trace", str(tmp_path / "x.json")],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, str(TOOL), str(report), "-o", str(out), "--trace", str(tmp_path / "x.json")],
+        capture_output=True, text=True)
     assert missing.returncode == 2 and "no trace at" in missing.stderr

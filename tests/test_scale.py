@@ -46,7 +46,8 @@ def test_pipeline_8_on_8_ranks(tmp_path):
 
 def test_uneven_partition_and_a_single_micro_batch(tmp_path):
     """5 layers on 2 stages (3 + 2), one micro-batch: the 1F1B schedule degenerates to F, B per stage."""
-    _, report = profile(tmp_path, 2, ["--num-layers", "5"] + layout(pp=2) + ["--global-batch-size", "2", "--train-iters", "1"])
+    flags = ["--num-layers", "5"] + layout(pp=2) + ["--global-batch-size", "2", "--train-iters", "1"]
+    _, report = profile(tmp_path, 2, flags)
     assert report["parallelism"]["micro_batches"] == 1
     check_totals(report, layers=5, sequences=2, checkpointing=False)
     assert stage_layers(report) == [[1, 2, 3], [4, 5]]

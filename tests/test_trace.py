@@ -182,7 +182,8 @@ def _tracks(trace):
 
 @pytest.mark.launch
 def test_trace_written_beside_the_report(run):
-    assert run.trace_path.parent == run.report_path.parent and run.trace_path.name == f"pipeline_trace_step{PROFILE_STEP}.json"
+    assert run.trace_path.parent == run.report_path.parent
+    assert run.trace_path.name == f"pipeline_trace_step{PROFILE_STEP}.json"
     trace = run.trace
     names = {(e["name"], e.get("pid"), e.get("tid")): e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"
              and e["name"] in ("process_name", "thread_name")}
@@ -203,12 +204,14 @@ def test_trace_slices_add_up_to_the_report(run):
         for name, instruction in stage["instructions"].items():
             per_track = []
             for tid in range(2):
-                mine = [e for e in tracks[(sid, tid)] if e["cat"] == INSTRUCTION_CATEGORY and e["args"]["instruction"] == name]
+                mine = [e for e in tracks[(sid, tid)]
+                        if e["cat"] == INSTRUCTION_CATEGORY and e["args"]["instruction"] == name]
                 assert len(mine) == instruction["count"], (sid, tid, name)
                 per_track.append(sum(e["dur"] for e in mine) / 1e6)
             assert max(per_track) == pytest.approx(instruction["total_s"], rel=1e-9), (sid, name)
             assert abs(max(per_track) - instruction["total_s"]) <= 0.01 * instruction["total_s"]
-        micro_batches = [e["args"]["micro_batch"] for e in tracks[(sid, 0)] if e["args"].get("instruction") == "BackwardPass"]
+        micro_batches = [e["args"]["micro_batch"] for e in tracks[(sid, 0)]
+                         if e["args"].get("instruction") == "BackwardPass"]
         assert micro_batches == [0, 1, 2, 3]
 
 
@@ -243,7 +246,7 @@ def test_every_send_flows_to_its_receive(run):
 def test_module_slices_nest_under_their_passes(run):
     report, tracks = run.report, _tracks(run.trace)
     home = {"module.fwd": "ForwardPass", "module.bwd": "BackwardPass", "module.recompute": "BackwardPass"}
-    for (pid, tid), events in tracks.items():
+    for events in tracks.values():
         passes = [e for e in events if e["cat"] == INSTRUCTION_CATEGORY]
         modules = sorted((e for e in events if e["cat"] in home), key=lambda e: (e["ts"], -e["dur"]))
         assert {e["cat"] for e in modules} == set(home)
@@ -261,8 +264,8 @@ def test_module_slices_nest_under_their_passes(run):
     for stage in report["stages"]:  # the stage module's stretches: its latencies (slowest tp rank)
         root = stage["modules"]
 
-        def wall(phase, tid):
-            return sum(e["dur"] for e in tracks[(stage["stage_id"], tid)]
+        def wall(phase, tid, stage_id=stage["stage_id"]):
+            return sum(e["dur"] for e in tracks[(stage_id, tid)]
                        if e["cat"] == f"module.{phase}" and e["args"]["depth"] == 0) / 1e6
 
         assert max(wall("fwd", tid) for tid in range(2)) == pytest.approx(root["fwd_latency_s"], rel=1e-9)
@@ -297,6 +300,7 @@ def test_clocks_aligned_and_bubble_reported(run):
         assert row["idle_fraction"] == row["idle_s"] / bubble["schedule_span_s"]
         assert row["wait_for_bounding_s"] == bounding["busy_s"] - stage["busy_s"] >= 0
     text = run.output
-    assert "Pipeline bubble (1F1B, pp = 2, micro-batches = 4; ideal idle fraction (pp - 1) / (micro-batches + pp - 1) = 20.00%)" in text
+    assert ("Pipeline bubble (1F1B, pp = 2, micro-batches = 4; ideal idle fraction (pp - 1) / (micro-batches + pp - 1) "
+            "= 20.00%)") in text
     for row in bubble["stages"]:
         assert f"{100 * row['idle_fraction']:.2f}%" in text

@@ -1,4 +1,4 @@
-"""`python tools/compare_profiles.py ...` runs the megatron-compare-profiles command (megatron/cli/compare_profiles.py)."""
+"""`python tools/compare_profiles.py ...` is the megatron-compare-profiles command, from megatron/cli/."""
 import sys
 
 from megatron.cli.compare_profiles import main

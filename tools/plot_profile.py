@@ -1,4 +1,4 @@
-"""`python tools/plot_profile.py ...` runs the megatron-plot-profile command (megatron/cli/plot_profile.py)."""
+"""`python tools/plot_profile.py ...` is the megatron-plot-profile command, from megatron/cli/."""
 import sys
 
 from megatron.cli.plot_profile import main

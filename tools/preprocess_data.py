@@ -149,7 +149,7 @@ def main(argv=None):
                           f"lines)", file=sys.stderr)
                     if pool:
                         pool.terminate()
-                    for key, builder in builders.items():
+                    for builder in builders.values():
                         builder.abandon()
                     return 2
                 if bad_lines <= MAX_REPORTED_BAD_LINES:

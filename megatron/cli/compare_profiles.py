@@ -14,7 +14,6 @@ two reports profile different models (different parameter counts or module trees
 import argparse
 import json
 import math
-import os
 import sys
 
 from megatron.profiler.printer import duration_to_string, flops_rate_to_string, number_to_string
@@ -72,7 +71,7 @@ def load_report(path):
         with open(path) as f:
             report = json.load(f)
     except (OSError, ValueError) as e:
-        raise NotComparable(f"cannot read {path}: {e}")
+        raise NotComparable(f"cannot read {path}: {e}") from e
     if not isinstance(report, dict) or report.get("schema_version") != 1 or "model_tree" not in report:
         raise NotComparable(f"{path} is not a FLOPs profile report (schema_version 1 with a model_tree)")
     return report

@@ -6,8 +6,11 @@ fresh tensors: the input is never modified in place, so autograd's saved tensors
 import torch
 import torch.distributed as dist
 
-from megatron.mpu.parallel_state import (get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
-                                         get_tensor_model_parallel_world_size)
+from megatron.mpu.parallel_state import (
+    get_tensor_model_parallel_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from megatron.mpu.utils import split_tensor_along_last_dim
 
 

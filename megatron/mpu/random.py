@@ -6,8 +6,8 @@ state, seeded `seed + 2718 + tensor rank` (dropout on split activations, e.g. at
 differ). DeepSpeed's `checkpoint` saves the tracker's states before a chunk's forward and restores
 them for its recompute, which is why this delegates to DeepSpeed rather than keeping its own.
 """
-import torch
 import deepspeed
+import torch
 
 from megatron.mpu import parallel_state
 

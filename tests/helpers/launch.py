@@ -79,7 +79,8 @@ def read_losses(path):
 
 def explain(process):
     """Enough of a failed run's output to debug it from a CI log."""
-    return f"rc={process.returncode}\n--- stdout (tail) ---\n{process.stdout[-4000:]}\n--- stderr (tail) ---\n{process.stderr[-4000:]}"
+    return (f"rc={process.returncode}\n--- stdout (tail) ---\n{process.stdout[-4000:]}\n"
+            f"--- stderr (tail) ---\n{process.stderr[-4000:]}")
 
 
 def load_tool(name):

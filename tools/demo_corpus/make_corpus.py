@@ -9,7 +9,6 @@ import json
 import os
 import re
 import sys
-
 from pydoc_data.topics import topics
 
 # A heading is a line underlined by a run of '*', '=', '-' or '~' of the same length.
