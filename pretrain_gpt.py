@@ -5,7 +5,7 @@
 import torch
 
 from megatron.data_iterators import SyntheticGPTDataset
-from megatron.global_vars import get_args, set_tokenizer
+from megatron.global_vars import get_args
 from megatron.model import GPTModel, GPTModelPipe
 from megatron.training import pretrain
 from megatron.utils import print_rank_0
@@ -37,7 +37,7 @@ def train_valid_test_datasets_provider(train_valid_test_num_samples):
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
     from megatron.tokenizer import build_tokenizer
 
-    set_tokenizer(build_tokenizer(args))
+    build_tokenizer(args)  # sets args.padded_vocab_size; the data is already tokenized
     print_rank_0(f"> building train, validation and test datasets from {args.data_path} ...")
 
     def build():

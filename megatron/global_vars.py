@@ -1,6 +1,5 @@
-"""The few process-wide objects Megatron code reaches for: the parsed args and the tokenizer."""
+"""The process-wide parsed args, which Megatron code reaches for with get_args()."""
 _ARGS = None
-_TOKENIZER = None
 
 
 def set_args(args):
@@ -12,12 +11,3 @@ def get_args():
     if _ARGS is None:
         raise RuntimeError("megatron args are not set: call initialize_megatron() first")
     return _ARGS
-
-
-def set_tokenizer(tokenizer):
-    global _TOKENIZER
-    _TOKENIZER = tokenizer
-
-
-def get_tokenizer():
-    return _TOKENIZER
