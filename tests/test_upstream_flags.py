@@ -7,8 +7,6 @@ scaling and ZeRO flags map onto the DeepSpeed config; the log line has upstream'
 """
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from megatron.training import _exit_reason
 from megatron.training_log import FIELD_ORDER, IntervalStats, TrainingLogLine, throughput
 from megatron.upstream_flags import NO_OPS
 from tests.helpers.arguments import one_line_exit_2
+from tests.helpers.corpus import preprocess_demo_corpus
 from tests.helpers.launch import REPO
 from tests.helpers.upstream_scripts import (
     FLAG_OWNERS,
@@ -49,12 +48,7 @@ def first_rank(monkeypatch):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    prefix = tmp_path_factory.mktemp("corpus") / "demo"
-    subprocess.run([sys.executable, REPO / "tools" / "preprocess_data.py", "--input", DEMO / "docs.jsonl",
-                    "--output-prefix", prefix, "--vocab-file", DEMO / "vocab.json", "--merge-file",
-                    DEMO / "merges.txt", "--tokenizer-type", "GPT2BPETokenizer", "--append-eod", "--workers", "1"],
-                   check=True, capture_output=True, timeout=120)
-    return f"{prefix}_text_document"
+    return preprocess_demo_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture

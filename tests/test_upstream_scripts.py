@@ -23,6 +23,7 @@ from megatron.arguments import build_parser, parse_args
 from megatron.profiler.report import validate_report
 from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
+from tests.helpers.corpus import preprocess_demo_corpus
 from tests.helpers.launch import REPO, explain, free_port, launch, remove_shm_buffers
 from tests.helpers.upstream_scripts import (
     GPT_125M,
@@ -46,13 +47,7 @@ HEADER = "DeepSpeed Flops Profiler"
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """The demo corpus as an mmap indexed dataset (about a second)."""
-    prefix = tmp_path_factory.mktemp("corpus") / "demo"
-    subprocess.run([sys.executable, REPO / "tools" / "preprocess_data.py", "--input", DEMO / "docs.jsonl",
-                    "--output-prefix", prefix, "--vocab-file", DEMO / "vocab.json", "--merge-file",
-                    DEMO / "merges.txt", "--tokenizer-type", "GPT2BPETokenizer", "--append-eod", "--workers", "1"],
-                   check=True, capture_output=True, timeout=120)
-    return f"{prefix}_text_document"
+    return preprocess_demo_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def script_args(tmp, corpus):
