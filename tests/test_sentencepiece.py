@@ -1,7 +1,6 @@
 """GPTSentencePieceTokenizer (LLaMA's tokenizer) end to end: a SentencePiece model trained here on the demo
 corpus (real English text), tools/preprocess_data.py with it, and the GPT dataset reading the result back:
 every token is the one `sentencepiece` itself produces."""
-import json
 import subprocess
 import sys
 from argparse import Namespace
@@ -13,26 +12,27 @@ import sentencepiece
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.tokenizer import GPTSentencePieceTokenizer, build_tokenizer
+from tests.helpers.corpus import (
+    SENTENCEPIECE_PREFIX,
+    demo_documents,
+    preprocess_with_sentencepiece,
+    train_sentencepiece,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "tools" / "demo_corpus" / "docs.jsonl"
+CORPUS = ROOT / "tools" / "demo_corpus" / "docs.jsonl"  # real English prose
 VOCAB = 500
 SEQ = 32
 
 
 @pytest.fixture(scope="module")
 def documents():
-    with open(CORPUS, encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f if line.strip()][:40]
+    return demo_documents(40)
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory, documents):
-    prefix = tmp_path_factory.mktemp("spm") / "tokenizer"
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(documents), model_prefix=str(prefix), vocab_size=VOCAB, model_type="bpe",
-        character_coverage=1.0, num_threads=1, minloglevel=2)
-    return str(prefix) + ".model"
+    return train_sentencepiece(tmp_path_factory.mktemp("spm"), documents, vocab_size=VOCAB)
 
 
 def test_tokenizer_matches_sentencepiece(model_file, documents):
@@ -52,14 +52,9 @@ def test_tokenizer_matches_sentencepiece(model_file, documents):
 def test_preprocess_and_dataset_hold_sentencepiece_tokens(tmp_path, model_file, documents):
     reference = sentencepiece.SentencePieceProcessor(model_file=model_file)
     expected = [reference.encode(text) + [reference.eos_id()] for text in documents]
-    jsonl = tmp_path / "docs.jsonl"
-    jsonl.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents), encoding="utf-8")
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(jsonl),
-         "--output-prefix", str(tmp_path / "sp"), "--tokenizer-type", "GPTSentencePieceTokenizer",
-         "--tokenizer-model", model_file, "--append-eod", "--workers", "2"], capture_output=True, text=True)
+    run = preprocess_with_sentencepiece(tmp_path, model_file, documents, workers=2)
     assert run.returncode == 0, run.stderr
-    prefix = str(tmp_path / "sp_text_document")
+    prefix = str(tmp_path / SENTENCEPIECE_PREFIX)
     indexed = MMapIndexedDataset(prefix)
     assert [indexed[i].tolist() for i in range(len(indexed))] == expected
 
