@@ -23,15 +23,24 @@ from megatron.arguments import build_parser, parse_args
 from megatron.profiler.report import validate_report
 from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
-from tests.helpers.corpus import preprocess_demo_corpus
+from tests.helpers.corpus import (
+    SENTENCEPIECE_PREFIX,
+    demo_documents,
+    preprocess_demo_corpus,
+    preprocess_with_sentencepiece,
+    train_sentencepiece,
+)
 from tests.helpers.launch import REPO, explain, free_port, launch, remove_shm_buffers
 from tests.helpers.upstream_scripts import (
     GPT_125M,
     GPT_125M_ITERATIONS,
     GPT_125M_TRAIN_SAMPLES,
+    LLAMA2,
     gpt_125m_args,
     gpt_125m_ds_config,
     gpt_125m_tokens_per_iteration,
+    llama2_args,
+    llama2_ds_config,
     pending_flags,
     without_flags,
 )
@@ -171,3 +180,41 @@ def test_unsupported_flag_stops_every_rank_with_one_line(tmp_path, corpus):
     assert errors == ["error: --num-experts 4: mixture of experts (MoE) is not supported here (only --num-experts 1 "
                       "is accepted)"], errors
     assert "Traceback" not in output and "unrecognized arguments" not in output
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_corpus(tmp_path_factory):
+    """(dataset prefix, SentencePiece model) of the demo corpus, as the LLaMA script's data and tokenizer."""
+    directory = tmp_path_factory.mktemp("sp_corpus")
+    documents = demo_documents()
+    model_file = train_sentencepiece(directory, documents, vocab_size=500)
+    process = preprocess_with_sentencepiece(directory, model_file, documents)
+    assert process.returncode == 0, process.stderr
+    return str(directory / SENTENCEPIECE_PREFIX), model_file
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed", "torchrun"])
+def test_llama2_script_trains_and_profiles_exactly(launcher, tmp_path, sentencepiece_corpus):
+    data_path, model_file = sentencepiece_corpus
+    config = llama2_ds_config(tmp_path / "ds_config.json")
+    argv = llama2_args(data_path, model_file, tmp_path / "checkpoint", config, backend="gloo")
+    pending = [flag for flags in pending_flags(argv, build_parser()).values() for flag in flags]
+    argv = without_flags(argv, pending) + ["--profile-flops-step", str(PROFILE_STEP),
+                                           "--profile-flops-output", str(tmp_path / "profile")]
+    nprocs = LLAMA2["TP"] * LLAMA2["PP"]
+    args = parse_args(argv, world_size=nprocs)
+    args.padded_vocab_size = vocab_size_with_padding(500, Namespace(**{**vars(args), "rank": 1}))
+    if launcher == "deepspeed":
+        process = launch(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400)
+    else:
+        process = torchrun(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400)
+    output = process.stdout + process.stderr
+    assert process.returncode == 0, explain(process)
+    assert output.count(HEADER) == 1 and "Traceback" not in output
+    assert f"> training done: {LLAMA2['TRAIN_STEPS']} iterations" in output
+    assert len(log_lines(output)) == LLAMA2["TRAIN_STEPS"]
+    report = json.loads((tmp_path / "profile" / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    validate_report(report)
+    analytic = gpt_flops_per_iteration(args)
+    assert report["totals"]["fwd_flops"] == analytic["fwd_flops"]
+    assert report["totals"]["recompute_flops"] == analytic["recompute_flops"]
