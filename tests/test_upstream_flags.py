@@ -91,7 +91,8 @@ def test_every_flag_of_this_part_is_known(script, request):
     known = build_parser()._option_string_actions
     mine = [flag for flag in names if flag in FLAG_OWNERS["flags"]]
     assert mine and [flag for flag in mine if flag not in known] == []
-    assert all(any(flag in flags for flags in FLAG_OWNERS.values()) for flag in names)
+    # a flag the parser does not know yet belongs to a part of the fork still to come
+    assert all(flag in known or any(flag in flags for flags in FLAG_OWNERS.values()) for flag in names)
 
 
 @pytest.mark.parametrize("script", ["gpt_125m", "llama2"])
@@ -128,7 +129,12 @@ def test_llama2_flags_mean_what_upstream_means(llama2):
     assert args.bf16 and args.deepspeed_config_dict["bf16"] == {"enabled": True} and args.zero_stage == 0
     assert args.distributed_backend == "nccl" and args.clip_grad == 0.0  # DeepSpeed's bf16 optimizer clips
     assert args.deepspeed_config_dict["gradient_clipping"] == 1.0
-    assert "--no-query-key-layer-scaling" in args.start_up_notes[0]
+    # the model flags, as upstream means them
+    assert (args.num_key_value_heads, args.kv_channels, args.ffn_hidden_size) == (2, 16, 172)
+    assert args.swiglu and args.normalization == "rmsnorm" and args.use_rotary_position_embeddings
+    assert args.untie_embeddings_and_output_weights and not args.add_bias_linear
+    assert not args.apply_query_key_layer_scaling and args.recompute_granularity is None
+    assert args.start_up_notes == []
 
 
 def test_megatron_lm_example_flags(tmp_path, corpus):

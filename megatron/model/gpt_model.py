@@ -1,14 +1,15 @@
-"""GPT-2: the pipeline model (GPTModelPipe) and the same network without a pipeline (GPTModel)."""
+"""GPT (GPT-2 or the LLaMA shape): the pipeline model (GPTModelPipe) and the same network without a
+pipeline (GPTModel)."""
 import re
 
-import torch
 import deepspeed
+import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime import utils as ds_utils
 
 from megatron import mpu
-from megatron.model.fused_layer_norm import LayerNorm
-from megatron.model.language_model import Embedding, EmbeddingPipe, lm_head_pipe, parallel_lm_logits
+from megatron.model.fused_layer_norm import LayerNorm, RMSNorm, norm_layer
+from megatron.model.language_model import Embedding, EmbeddingPipe, LMHead, LMHeadPipe, lm_head_pipe, parallel_lm_logits
 from megatron.model.transformer import ParallelTransformerLayer, ParallelTransformerLayerPipe
 
 TIED_EMBEDDING_WEIGHT = ["word_embeddings.weight"]
@@ -23,12 +24,24 @@ def gpt_loss(logits, labels_and_mask):
 
 
 def pipeline_layer_specs(args):
-    """Tied embedding, transformer layers 1..L, final LayerNorm, tied LM head (nothing is built yet)."""
-    specs = [TiedLayerSpec("embed", EmbeddingPipe, args, tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
+    """Embedding, transformer layers 1..L, final norm, LM head (nothing is built yet).
+
+    Tied (default): the embedding and the LM head are one TiedLayerSpec on the first and last stages.
+    Untied: a plain embedding on the first stage, its own LM head on the last.
+    """
+    untied = args.untie_embeddings_and_output_weights
+    if untied:
+        specs = [LayerSpec(EmbeddingPipe, args)]
+    else:
+        specs = [TiedLayerSpec("embed", EmbeddingPipe, args, tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
     specs += [LayerSpec(ParallelTransformerLayerPipe, args, layer_number) for layer_number in range(args.num_layers)]
-    specs += [LayerSpec(LayerNorm, args.hidden_size, eps=args.layernorm_epsilon)]
-    specs += [TiedLayerSpec("embed", EmbeddingPipe, args, forward_fn=lm_head_pipe,
-                            tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
+    norm = RMSNorm if args.normalization == "rmsnorm" else LayerNorm
+    specs += [LayerSpec(norm, args.hidden_size, eps=args.layernorm_epsilon)]
+    if untied:
+        specs += [LayerSpec(LMHeadPipe, args)]
+    else:
+        specs += [TiedLayerSpec("embed", EmbeddingPipe, args, forward_fn=lm_head_pipe,
+                                tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
     return specs
 
 
@@ -69,7 +82,8 @@ class GPTModel(torch.nn.Module):
         self.embedding = Embedding(args)
         self.layers = torch.nn.ModuleList(
             [ParallelTransformerLayer(args, layer_number) for layer_number in range(args.num_layers)])
-        self.final_layernorm = LayerNorm(args.hidden_size, eps=args.layernorm_epsilon)
+        self.final_layernorm = norm_layer(args)
+        self.lm_head = LMHead(args) if args.untie_embeddings_and_output_weights else None
 
     def _run_layers(self, hidden_states):
         if not self.checkpoint_num_layers:
@@ -83,7 +97,10 @@ class GPTModel(torch.nn.Module):
 
     def forward(self, input_ids, labels=None, loss_mask=None):
         hidden_states = self.final_layernorm(self._run_layers(self.embedding(input_ids)))
-        logits = parallel_lm_logits(hidden_states, self.embedding.word_embeddings.weight)
+        if self.lm_head is not None:
+            logits = self.lm_head(hidden_states)
+        else:
+            logits = parallel_lm_logits(hidden_states, self.embedding.word_embeddings.weight)
         if labels is None:
             return logits
         return gpt_loss(logits, (labels, loss_mask))

@@ -229,8 +229,8 @@ UNSUPPORTED_AT_OFF_VALUE = [["--num-experts", "1"], ["--ds-sequence-parallel-siz
                             ["--topk", "1"]]
 
 # Which part of the fork implements each flag the scripts above use ("flags": the arguments, schedule,
-# precision, DeepSpeed, logging and no-op switches; "model": shape and recompute; "data": data,
-# tokenizer and checkpoints).
+# precision, DeepSpeed, logging and no-op switches; "data": data, tokenizer and checkpoints). The
+# model's shape and recompute flags are all defined (megatron/arguments.py), so they need no entry.
 FLAG_OWNERS = {
     "flags": [
         "--override-opt_param-scheduler", "--adam-beta1", "--adam-beta2", "--tensor-model-parallel-size",
@@ -243,16 +243,8 @@ FLAG_OWNERS = {
         "--log-validation-ppl-to-tensorboard", "--tensorboard-dir", "--log-optimizer-states-to-tensorboard",
         "--deepspeed", "--deepspeed_config", "--zero-stage", "--pipeline-model-parallel-size",
         "--no-pipeline-parallel", "--use-flash-attn", "--distributed-backend", "--optimizer",
-        "--no-query-key-layer-scaling", "--rampup-batch-size", "--sequence-parallel", "--wandb-project",
+        "--rampup-batch-size", "--sequence-parallel", "--wandb-project",
         "--wandb-exp-name", "--wandb-save-dir",
-    ],
-    "model": [
-        "--init-method-std", "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
-        "--max-position-embeddings", "--ffn-hidden-size", "--checkpoint-activations",
-        "--deepspeed-activation-checkpointing", "--recompute-granularity", "--recompute-method",
-        "--recompute-num-layers", "--use-rotary-position-embeddings", "--rotary-percent", "--attention-dropout",
-        "--hidden-dropout", "--untie-embeddings-and-output-weights", "--swiglu", "--normalization",
-        "--disable-bias-linear", "--num-key-value-heads", "--activations-checkpoint-method",
     ],
     "data": [
         "--vocab-file", "--merge-file", "--data-path", "--data-impl", "--split", "--num-workers", "--save",
