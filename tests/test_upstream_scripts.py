@@ -25,12 +25,16 @@ from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
 from tests.helpers.launch import REPO, explain, free_port, launch, remove_shm_buffers
 from tests.helpers.upstream_scripts import (
+    FLAG_OWNERS,
     GPT_125M,
     GPT_125M_ITERATIONS,
     GPT_125M_TRAIN_SAMPLES,
+    LLAMA2,
     gpt_125m_args,
     gpt_125m_ds_config,
     gpt_125m_tokens_per_iteration,
+    llama2_args,
+    llama2_ds_config,
     pending_flags,
     without_flags,
 )
@@ -176,3 +180,54 @@ def test_unsupported_flag_stops_every_rank_with_one_line(tmp_path, corpus):
     assert errors == ["error: --num-experts 4: mixture of experts (MoE) is not supported here (only --num-experts 1 "
                       "is accepted)"], errors
     assert "Traceback" not in output and "unrecognized arguments" not in output
+
+
+# ------------------------------------------------------------------ the LLaMA-2 script
+LLAMA2_NPROCS = LLAMA2["TP"] * LLAMA2["PP"]
+
+
+def llama2_script_args(tmp, corpus):
+    """The LLaMA-2 script's list, its model flags as it spells them, on gloo. While a data flag of it is
+    still undefined here (its SentencePiece tokenizer), all its data flags go and the synthetic source
+    feeds the run: the model, and so the FLOPs, are the script's either way."""
+    tokenizer_model = tmp / "tokenizer.model"
+    tokenizer_model.write_bytes(b"")
+    argv = llama2_args(corpus, tokenizer_model, tmp / "checkpoint", llama2_ds_config(tmp / "ds_config.json"),
+                       backend="gloo")
+    pending = pending_flags(argv, build_parser())
+    if "data" in pending:
+        argv = without_flags(argv, FLAG_OWNERS["data"])
+    return without_flags(argv, [flag for flags in pending.values() for flag in flags])
+
+
+@pytest.fixture(scope="module")
+def llama2_run(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("llama2")
+    argv = llama2_script_args(tmp, corpus) + ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output",
+                                              str(tmp / "profile")]
+    args = parse_args(argv, world_size=LLAMA2_NPROCS)
+    if args.data_path is None:  # the synthetic source's vocabulary, padded as pretrain_gpt.py pads it
+        multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+        args.padded_vocab_size = -(-args.synthetic_vocab_size // multiple) * multiple
+    else:
+        pytest.skip("the script's SentencePiece data: compute its padded vocabulary here once it runs")
+    process = launch(REPO / "pretrain_gpt.py", LLAMA2_NPROCS, argv, cwd=tmp, timeout=400)
+    assert process.returncode == 0, explain(process)
+    return process.stdout + process.stderr, args, tmp
+
+
+def test_llama2_script_trains_and_profiles_its_model_exactly(llama2_run):
+    output, args, tmp = llama2_run
+    assert output.count(HEADER) == 1 and "Traceback" not in output
+    assert f"> training done: {LLAMA2['TRAIN_STEPS']} iterations" in output
+    assert len(log_lines(output)) == LLAMA2["TRAIN_STEPS"]
+    # the script's model: grouped-query attention, SwiGLU, RMSNorm, rotary, untied, no biases
+    assert (args.num_key_value_heads, args.swiglu, args.normalization) == (LLAMA2["NUM_KV_HEADS"], True, "rmsnorm")
+    assert args.untie_embeddings_and_output_weights and not args.add_bias_linear
+    assert "accepted, no effect here" not in output  # --no-query-key-layer-scaling is a model flag now
+    report = json.loads((tmp / "profile" / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    validate_report(report)
+    analytic = gpt_flops_per_iteration(args)
+    assert report["totals"]["fwd_flops"] == analytic["fwd_flops"]
+    assert report["totals"]["recompute_flops"] == analytic["recompute_flops"] == 0
+    assert report["device"]["dtype"] == "bf16"
