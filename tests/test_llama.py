@@ -60,7 +60,8 @@ def test_upstream_convention_for_llama():
     args = _shape()
     forward_macs = 2 * 4 * (192 + 64 + 288) + 4 * 128
     assert upstream_flops_per_iteration(args) == 2 * 3 * forward_macs
-    assert upstream_flops_per_iteration(_shape(recompute_granularity="selective")) == 2 * (3 * forward_macs + 2 * 4 * 64)
+    selective = _shape(recompute_granularity="selective")
+    assert upstream_flops_per_iteration(selective) == 2 * (3 * forward_macs + 2 * 4 * 64)
 
 
 def test_tiny_llama_flags_parse():

@@ -156,9 +156,14 @@ def test_rebase_script_variants_parse(variant, gpt_125m):
         argv = without_flags(argv, ["--deepspeed", "--deepspeed_config", "--zero-stage", "--checkpoint-activations",
                                     "--deepspeed-activation-checkpointing"])
     if "--no-pipeline-parallel" in argv:
-        parses(without_flags(argv, ["--pipeline-model-parallel-size"]), world_size=2)
+        args = parses(without_flags(argv, ["--pipeline-model-parallel-size"]), world_size=2)
     else:
-        parses(argv)
+        args = parses(argv)
+    # every variant recomputes full layers, one per chunk (the 125M script's --checkpoint-activations,
+    # or the checkpointing script's --recompute-* flags)
+    assert (args.checkpoint_activations, args.checkpoint_num_layers, args.recompute_granularity) == (True, 1, "full")
+    if variant.endswith("rope.sh"):
+        assert args.use_rotary_position_embeddings and args.rotary_percent == 0.25
 
 
 def test_upstream_defaults():
