@@ -11,8 +11,8 @@ m = 6 (h -> 2f -> h). For GPT-2 (g = n, n d = h) this is the paper's B s L (8 h^
 product are elementwise and not counted.
 
 Backward is twice the forward. Recompute: full activation checkpointing re-runs the transformer
-layers' forward (the embedding and LM head are not recomputed); selective recompute re-runs the
-attention core only, L B 4 s^2 n d.
+layers' forward (the embedding and LM head are not recomputed; under --recompute-method block only
+the first N layers of each stage); selective recompute re-runs the attention core only, L B 4 s^2 n d.
 """
 from dataclasses import dataclass
 
@@ -47,6 +47,21 @@ def layer_forward_flops(batch, seq, shape):
     return batch * seq * (qkv + dense + mlp) + attention_core_forward_flops(batch, seq, shape)
 
 
+def recomputed_layers(args):
+    """How many transformer layers full recompute re-runs: all of them (uniform), or under
+    --recompute-method block the first --recompute-num-layers of each pipeline stage."""
+    if args.recompute_method != "block":
+        return args.num_layers
+    from megatron.model.gpt_model import stage_boundaries  # torch and DeepSpeed: only when needed
+
+    stages = 1 if args.no_pipeline_parallel else args.pipeline_model_parallel_size
+    boundaries, _ = stage_boundaries(args, stages)
+    transformer_specs = range(1, args.num_layers + 1)  # spec 0 is the embedding
+    per_stage = [sum(1 for spec in transformer_specs if boundaries[i] <= spec < boundaries[i + 1])
+                 for i in range(stages)]
+    return sum(min(args.checkpoint_num_layers, count) for count in per_stage)
+
+
 def gpt_flops_per_iteration(args):
     """{'fwd_flops', 'bwd_flops', 'recompute_flops'} as exact ints."""
     batch = args.micro_batch_size * args.num_micro_batches
@@ -55,7 +70,7 @@ def gpt_flops_per_iteration(args):
     head = 2 * batch * args.seq_length * args.hidden_size * args.padded_vocab_size
     forward = layers + head
     if args.checkpoint_activations:
-        recompute = layers
+        recompute = recomputed_layers(args) * layer_forward_flops(batch, args.seq_length, shape)
     elif args.recompute_granularity == "selective":
         recompute = args.num_layers * attention_core_forward_flops(batch, args.seq_length, shape)
     else:

@@ -107,7 +107,8 @@ def _add_recompute_args(parser):
                    help="full: whole transformer layers; selective: the attention core softmax(Q K^T) V only")
     g.add_argument("--recompute-method", "--activations-checkpoint-method", dest="recompute_method", default=None,
                    choices=["uniform", "block"],
-                   help="with full: uniform chunks of --recompute-num-layers layers (block is not supported here)")
+                   help="with full: uniform, chunks of --recompute-num-layers layers; block, only the first "
+                        "--recompute-num-layers layers of each pipeline stage, one by one")
     g.add_argument("--recompute-num-layers", type=int, default=None,
                    help="layers per recomputed chunk (default: --checkpoint-num-layers)")
     g.add_argument("--recompute-activations", action="store_true",
@@ -405,10 +406,8 @@ def _validate_recompute(args):
         args.checkpoint_num_layers = args.recompute_num_layers
     if args.recompute_method is not None:
         _require(args.recompute_granularity == "full", "--recompute-method needs --recompute-granularity full")
-        # DeepSpeed's pipeline checkpoints every chunk of a stage alike: there is no "first N layers only".
-        _require(args.recompute_method == "uniform",
-                 "--recompute-method block (recompute only the first layers of each stage) is not supported "
-                 "here; use uniform")
+    elif args.recompute_granularity == "full":
+        args.recompute_method = "uniform"
     args.checkpoint_activations = args.recompute_granularity == "full"
     args.recompute_num_layers = args.checkpoint_num_layers
 

@@ -25,7 +25,8 @@ SEQUENCES = 8  # global batch 8, one data-parallel replica
 def _shape(**overrides):
     values = dict(micro_batch_size=1, num_micro_batches=1, seq_length=4, hidden_size=8, num_attention_heads=4,
                   num_key_value_heads=2, kv_channels=2, ffn_hidden_size=12, swiglu=True, num_layers=2,
-                  padded_vocab_size=16, checkpoint_activations=False, recompute_granularity=None, global_batch_size=1)
+                  padded_vocab_size=16, checkpoint_activations=False, recompute_granularity=None, global_batch_size=1,
+                  recompute_method=None)
     values.update(overrides)
     return Namespace(**values)
 
@@ -80,10 +81,22 @@ def test_tiny_llama_flags_parse():
     (["--recompute-granularity", "selective"], (False, 1, "selective")),
     (["--recompute-activations"], (False, 1, "selective")),
     (["--deepspeed-activation-checkpointing"], (False, 1, None)),
+    (["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
+     (True, 3, "full")),
 ])
 def test_recompute_flags_map_onto_checkpointing(extra, expected):
     args = parse_args(BASE + extra, world_size=1)
     assert (args.checkpoint_activations, args.checkpoint_num_layers, args.recompute_granularity) == expected
+
+
+@pytest.mark.parametrize("pp, block_layers, recomputed", [(1, 3, 3), (2, 1, 2), (2, 3, 4), (1, 4, 4)])
+def test_block_recompute_counts_the_first_layers_of_each_stage(pp, block_layers, recomputed):
+    flags = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+             str(block_layers), "--pipeline-model-parallel-size", str(pp)]
+    args = parse_args(BASE + flags, world_size=pp)
+    args.padded_vocab_size = 192
+    _, _, layer_fwd, _ = expected_flops(4, 2)  # 4 layers, one micro-batch of 2
+    assert gpt_flops_per_iteration(args)["recompute_flops"] == layer_fwd * recomputed // 4
 
 
 def test_query_key_layer_scaling_flags():
@@ -100,8 +113,6 @@ BAD = [
     (["--ffn-hidden-size", "47", "--tensor-model-parallel-size", "2"], 2,
      "--ffn-hidden-size 47 is not divisible by --tensor-model-parallel-size 2"),
     (["--normalization", "batchnorm"], 1, "argument --normalization: invalid choice"),
-    (["--recompute-granularity", "full", "--recompute-method", "block"], 1,
-     "--recompute-method block (recompute only the first layers of each stage) is not supported here"),
     (["--recompute-method", "uniform"], 1, "--recompute-method needs --recompute-granularity full"),
     (["--recompute-num-layers", "2"], 1, "--recompute-num-layers needs --recompute-granularity full"),
     (["--checkpoint-activations", "--recompute-granularity", "selective"], 1,
@@ -128,6 +139,9 @@ RUNS = {
     "pp2_tp2_full": (4, layout(pp=2, tp=2) + ["--recompute-granularity", "full", "--recompute-method", "uniform",
                                               "--recompute-num-layers", "1"]),
     "pp2_tp2_selective": (4, layout(pp=2, tp=2) + ["--recompute-granularity", "selective"]),
+    # the first layer of each stage's two
+    "pp2_tp2_block": (4, layout(pp=2, tp=2) + ["--recompute-granularity", "full", "--recompute-method", "block",
+                                               "--recompute-num-layers", "1"]),
     "pp1_tp1": (1, layout(pp=1, tp=1)),
 }
 _runs = {}
@@ -150,10 +164,11 @@ def _run(tmp_path_factory, name):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("name, recompute", [("pp2_tp2_full", "full"), ("pp2_tp2_selective", "selective")])
-def test_profile_is_exact(tmp_path_factory, name, recompute):
+@pytest.mark.parametrize("name, recompute, recomputed_layers", [
+    ("pp2_tp2_full", "full", 4), ("pp2_tp2_selective", "selective", 0), ("pp2_tp2_block", "full", 2)])
+def test_profile_is_exact(tmp_path_factory, name, recompute, recomputed_layers):
     _, report = _run(tmp_path_factory, name)
-    check_totals(report, SEQUENCES, recompute)
+    check_totals(report, SEQUENCES, recompute, recomputed_layers)
     assert report["totals"]["params"] == llama_params()
     assert report["activation_checkpointing"] is (recompute == "full")
 
@@ -164,6 +179,16 @@ def _attention_cores(node, path=""):
         if child["type"] == "CoreAttention":
             yield child_path, child
         yield from _attention_cores(child, child_path)
+
+
+@pytest.mark.launch
+def test_block_recompute_reruns_the_first_layer_of_each_stage(tmp_path_factory):
+    _, report = _run(tmp_path_factory, "pp2_tp2_block")
+    for stage in report["stages"]:
+        layers = sorted((child for child in stage["modules"]["children"]
+                         if child["type"] == "ParallelTransformerLayerPipe"), key=lambda child: int(child["name"]))
+        assert [layer["recompute_flops"] == layer["fwd_flops"] > 0 for layer in layers] == [True, False]
+        assert layers[1]["recompute_flops"] == 0
 
 
 @pytest.mark.launch
@@ -178,7 +203,7 @@ def test_selective_recompute_reruns_the_attention_core_only(tmp_path_factory):
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("name", ["pp2_tp2_full", "pp2_tp2_selective"])
+@pytest.mark.parametrize("name", ["pp2_tp2_full", "pp2_tp2_selective", "pp2_tp2_block"])
 def test_losses_match_one_process(tmp_path_factory, name):
     reference, _ = _run(tmp_path_factory, "pp1_tp1")
     losses, _ = _run(tmp_path_factory, name)

@@ -66,11 +66,28 @@ class GPTModelPipe(PipelineModule):
     'type:transformer|embedding' also weighs the embedding and the LM head)."""
 
     def __init__(self, args):
-        interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
+        block = recompute_block_layers(args)
+        # block: each of the first N layers of a stage is recomputed alone (chunks of one layer, and
+        # _is_checkpointable declines the others); uniform: every chunk of N layers.
+        interval = 1 if block else args.checkpoint_num_layers if args.checkpoint_activations else 0
         super().__init__(layers=pipeline_layer_specs(args), loss_fn=gpt_loss, topology=mpu.get_topology(),
                          partition_method=args.pp_partition_method,
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
+        self.recompute_block_layers = block
+
+    def _is_checkpointable(self, funcs):
+        if not super()._is_checkpointable(funcs):
+            return False
+        if not self.recompute_block_layers:
+            return True
+        first = min(f.layer_number for f in self.forward_funcs if isinstance(f, ParallelTransformerLayer))
+        return all(f.layer_number - first < self.recompute_block_layers for f in funcs)
+
+
+def recompute_block_layers(args):
+    """N under --recompute-method block (the first N layers of each stage are recomputed), else 0."""
+    return args.checkpoint_num_layers if args.checkpoint_activations and args.recompute_method == "block" else 0
 
 
 class GPTModel(torch.nn.Module):
@@ -79,6 +96,7 @@ class GPTModel(torch.nn.Module):
     def __init__(self, args):
         super().__init__()
         self.checkpoint_num_layers = args.checkpoint_num_layers if args.checkpoint_activations else 0
+        self.recompute_block_layers = recompute_block_layers(args)
         self.embedding = Embedding(args)
         self.layers = torch.nn.ModuleList(
             [ParallelTransformerLayer(args, layer_number) for layer_number in range(args.num_layers)])
@@ -86,6 +104,13 @@ class GPTModel(torch.nn.Module):
         self.lm_head = LMHead(args) if args.untie_embeddings_and_output_weights else None
 
     def _run_layers(self, hidden_states):
+        if self.recompute_block_layers:
+            for index, layer in enumerate(self.layers):
+                if index < self.recompute_block_layers:
+                    hidden_states = deepspeed.checkpointing.checkpoint(layer, hidden_states)
+                else:
+                    hidden_states = layer(hidden_states)
+            return hidden_states
         if not self.checkpoint_num_layers:
             for layer in self.layers:
                 hidden_states = layer(hidden_states)

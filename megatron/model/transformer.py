@@ -48,13 +48,25 @@ class ParallelMLP(torch.nn.Module):
         return output
 
 
-class CoreAttention(torch.nn.Module):
-    """softmax(Q K^T / sqrt(d)) V over this rank's heads: the part --recompute-granularity selective
-    re-runs in backward (a module, so the profiler attributes its recompute).
+def attention_core(query, key, value, dropout_p, query_groups):
+    """softmax(Q K^T / sqrt(d)) V, causal, over this rank's heads.
 
     Key/value heads are repeated up to the query heads before the kernel: torch's FLOP counter then
     counts every query head's attention, as the dense formula does.
     """
+    if query_groups > 1:
+        key = key.repeat_interleave(query_groups, dim=1)
+        value = value.repeat_interleave(query_groups, dim=1)
+    if dropout_p > 0.0:
+        # Heads are split over tensor ranks, so their dropout masks must differ across ranks.
+        with mpu.get_cuda_rng_tracker().fork():
+            return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True)
+
+
+class CoreAttention(torch.nn.Module):
+    """attention_core as a module, built under --recompute-granularity selective only: the part that
+    re-runs in backward, and a module so the profiler attributes its recompute to it."""
 
     def __init__(self, attention_dropout, query_groups):
         super().__init__()
@@ -62,15 +74,8 @@ class CoreAttention(torch.nn.Module):
         self.query_groups = query_groups
 
     def forward(self, query, key, value):
-        if self.query_groups > 1:
-            key = key.repeat_interleave(self.query_groups, dim=1)
-            value = value.repeat_interleave(self.query_groups, dim=1)
         dropout_p = self.attention_dropout if self.training else 0.0
-        if dropout_p > 0.0:
-            # Heads are split over tensor ranks, so their dropout masks must differ across ranks.
-            with mpu.get_cuda_rng_tracker().fork():
-                return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
-        return F.scaled_dot_product_attention(query, key, value, is_causal=True)
+        return attention_core(query, key, value, dropout_p, self.query_groups)
 
 
 class ParallelAttention(torch.nn.Module):
@@ -102,8 +107,10 @@ class ParallelAttention(torch.nn.Module):
         self.rotary = None
         if args.use_rotary_position_embeddings:
             self.rotary = RotaryEmbedding(int(args.kv_channels * args.rotary_percent))
-        self.selective_recompute = args.recompute_granularity == "selective"
-        self.core_attention = CoreAttention(args.attention_dropout, self.query_groups)
+        self.attention_dropout = args.attention_dropout
+        self.core_attention = None
+        if args.recompute_granularity == "selective":
+            self.core_attention = CoreAttention(args.attention_dropout, self.query_groups)
         self.dense = mpu.RowParallelLinear(
             projection, args.hidden_size, bias=args.add_bias_linear, input_is_parallel=True,
             init_method=output_layer_init_method)
@@ -125,7 +132,10 @@ class ParallelAttention(torch.nn.Module):
         query, key, value = self._split_heads(mixed, batch, seq)
         if self.rotary is not None:
             query, key = self.rotary(query), self.rotary(key)
-        if self.selective_recompute and torch.is_grad_enabled():
+        if self.core_attention is None:
+            dropout_p = self.attention_dropout if self.training else 0.0
+            context = attention_core(query, key, value, dropout_p, self.query_groups)
+        elif torch.is_grad_enabled():
             # DeepSpeed's checkpoint replays the tensor-parallel RNG, so dropout masks are redrawn alike.
             context = deepspeed.checkpointing.checkpoint(self.core_attention, query, key, value)
         else:

@@ -53,11 +53,13 @@ def expected_flops(layers, sequences):
     return fwd, bwd, layer_fwd, core
 
 
-def check_totals(report, sequences, recompute):
-    """recompute: None, 'full' or 'selective'. Totals equal the dense model's params and FLOPs exactly."""
+def check_totals(report, sequences, recompute, recomputed_layers=LAYERS):
+    """recompute: None, 'full' (of recomputed_layers layers) or 'selective'. Totals equal the dense
+    model's params and FLOPs exactly."""
     validate_report(report)
     fwd, bwd, layer_fwd, core = expected_flops(LAYERS, sequences)
     totals = report["totals"]
     assert totals["params"] == dense_params()
     assert (totals["fwd_flops"], totals["bwd_flops"]) == (fwd, bwd)
-    assert totals["recompute_flops"] == {None: 0, "full": layer_fwd, "selective": core}[recompute]
+    full = layer_fwd * recomputed_layers // LAYERS
+    assert totals["recompute_flops"] == {None: 0, "full": full, "selective": core}[recompute]
