@@ -1,35 +1,107 @@
-"""The Megatron-LM paper's FLOPs of one GPT training iteration (one data-parallel replica).
+"""The Megatron-LM paper's FLOPs of one GPT training iteration (one data-parallel replica), grown to
+the LLaMA shape.
 
-Forward, at 2 FLOPs per multiply-accumulate, attention counted dense:
-    B s L (8 h^2 + 4 h f + 4 s h) + 2 B s h V      (= B s L (24 h^2 + 4 s h) + 2 B s h V for f = 4h)
-Backward is twice the forward; activation checkpointing re-runs the transformer layers' forward
-(the embedding and LM head are not recomputed). With f = 4h the sum is the paper's
-24 c B s L h^2 (1 + s/(6h) + V/(16 L h)) with c = 3, or 4 under recompute.
+Forward, at 2 FLOPs per multiply-accumulate, attention counted dense, with n query heads, g key/value
+heads, d the head size (n d = h unless --kv-channels says otherwise) and f the MLP's inner size:
+    L B s (2 h (n d + 2 g d) + 2 n d h + 4 s n d + m h f) + 2 B s h V
+where the query/key/value projection is 2 h (n d + 2 g d), the output projection 2 n d h, the two
+attention GEMMs (Q K^T and P V) 4 s n d, and the MLP m h f with m = 4 (h -> f -> h) or, with SwiGLU,
+m = 6 (h -> 2f -> h). For GPT-2 (g = n, n d = h) this is the paper's B s L (8 h^2 + 4 h f + 4 s h) +
+2 B s h V (= B s L (24 h^2 + 4 s h) + 2 B s h V for f = 4h). Norms, rotary embeddings and the SwiGLU
+product are elementwise and not counted.
+
+Backward is twice the forward. Recompute: full activation checkpointing re-runs the transformer
+layers' forward (the embedding and LM head are not recomputed; under --recompute-method block only
+the first N layers of each stage); selective recompute re-runs the attention core only, L B 4 s^2 n d.
 """
+from dataclasses import dataclass
 
 
-def gpt_layer_forward_flops(batch, seq, hidden, ffn_hidden):
-    return batch * seq * (8 * hidden * hidden + 4 * hidden * ffn_hidden + 4 * seq * hidden)
+@dataclass(frozen=True)
+class LayerShape:
+    """What a transformer layer's FLOPs depend on."""
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn_hidden: int
+    swiglu: bool = False
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(hidden=args.hidden_size, heads=args.num_attention_heads, kv_heads=args.num_key_value_heads,
+                   head_dim=args.kv_channels, ffn_hidden=args.ffn_hidden_size, swiglu=args.swiglu)
+
+
+def attention_core_forward_flops(batch, seq, shape):
+    """softmax(Q K^T) V of one layer: two GEMMs of s x s x d per query head."""
+    return batch * 4 * seq * seq * shape.heads * shape.head_dim
+
+
+def layer_forward_flops(batch, seq, shape):
+    h, d = shape.hidden, shape.head_dim
+    query_width = shape.heads * d
+    qkv = 2 * h * (query_width + 2 * shape.kv_heads * d)
+    dense = 2 * query_width * h
+    mlp = (6 if shape.swiglu else 4) * h * shape.ffn_hidden
+    return batch * seq * (qkv + dense + mlp) + attention_core_forward_flops(batch, seq, shape)
+
+
+def recomputed_layers(args):
+    """How many transformer layers full recompute re-runs: all of them (uniform), or under
+    --recompute-method block the first --recompute-num-layers of each pipeline stage."""
+    if args.recompute_method != "block":
+        return args.num_layers
+    from megatron.model.gpt_model import stage_boundaries  # torch and DeepSpeed: only when needed
+
+    stages = 1 if args.no_pipeline_parallel else args.pipeline_model_parallel_size
+    boundaries, _ = stage_boundaries(args, stages)
+    transformer_specs = range(1, args.num_layers + 1)  # spec 0 is the embedding
+    per_stage = [sum(1 for spec in transformer_specs if boundaries[i] <= spec < boundaries[i + 1])
+                 for i in range(stages)]
+    return sum(min(args.checkpoint_num_layers, count) for count in per_stage)
 
 
 def gpt_flops_per_iteration(args):
     """{'fwd_flops', 'bwd_flops', 'recompute_flops'} as exact ints."""
     batch = args.micro_batch_size * args.num_micro_batches
-    layers = args.num_layers * gpt_layer_forward_flops(batch, args.seq_length, args.hidden_size, args.ffn_hidden_size)
+    shape = LayerShape.from_args(args)
+    layers = args.num_layers * layer_forward_flops(batch, args.seq_length, shape)
     head = 2 * batch * args.seq_length * args.hidden_size * args.padded_vocab_size
     forward = layers + head
-    return {"fwd_flops": forward, "bwd_flops": 2 * forward,
-            "recompute_flops": layers if args.checkpoint_activations else 0}
+    if args.checkpoint_activations:
+        recompute = recomputed_layers(args) * layer_forward_flops(batch, args.seq_length, shape)
+    elif args.recompute_granularity == "selective":
+        recompute = args.num_layers * attention_core_forward_flops(batch, args.seq_length, shape)
+    else:
+        recompute = 0
+    return {"fwd_flops": forward, "bwd_flops": 2 * forward, "recompute_flops": recompute}
 
 
 def upstream_flops_per_iteration(args):
     """FLOPs of one iteration of the whole global batch by Megatron-DeepSpeed's throughput convention.
 
     Upstream's log line reports TFLOPs = this / (seconds per iteration x world size) / 1e12. Its
-    formula is the paper's closed form, 24 c B s L h^2 (1 + s/(6h) + V/(16 L h)) with c = 4 under
-    activation checkpointing and 3 otherwise, where B is the global batch: a float, not exact.
+    formula (megatron/utils.py, throughput_calculator), in multiply-accumulates x 2, per layer and
+    token: (2 + 2 // q) h^2 for the projections (q = heads / key-value heads; the integer division is
+    upstream's), 2 d n s for attention (d = h / n, whatever --kv-channels says), (3 if SwiGLU else 2) f h
+    for the MLP, plus V h for the LM head. Backward is twice the forward; full recompute adds a
+    forward, selective recompute the attention term. B is the global batch; a float, like upstream's.
+    (Upstream's older closed form, 24 c B s L h^2 (1 + s/(6h) + V/(16 L h)) with c = 3 or 4, is the
+    same for GPT-2 with f = 4h except for the LM head: 4.5 B s h V there (6 under checkpointing),
+    6 B s h V here (8).)
     """
-    batch = args.global_batch_size
-    factor = 4 if args.checkpoint_activations else 3
-    h, s, layers, vocab = args.hidden_size, args.seq_length, args.num_layers, args.padded_vocab_size
-    return 24 * factor * batch * s * layers * h * h * (1.0 + s / (6.0 * h) + vocab / (16.0 * layers * h))
+    batch, s, layers = args.global_batch_size, args.seq_length, args.num_layers
+    h, heads, vocab = args.hidden_size, args.num_attention_heads, args.padded_vocab_size
+    query_groups = heads // args.num_key_value_heads
+    projections = batch * layers * (1 + (2 // query_groups) + 1) * h * h * s
+    attention = batch * layers * 2 * (h // heads) * heads * s * s
+    mlp = batch * layers * (3 if args.swiglu else 2) * args.ffn_hidden_size * h * s
+    head = batch * vocab * h * s
+    forward = projections + attention + mlp + head
+    total = 3 * forward
+    if args.checkpoint_activations:
+        total += forward
+    elif args.recompute_granularity == "selective":
+        total += attention
+    return float(2 * total)

@@ -77,13 +77,45 @@ def _add_model_args(parser):
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
     g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
+    g.add_argument("--kv-channels", type=int, default=None,
+                   help="head size; default: hidden size / attention heads")
+    g.add_argument("--num-key-value-heads", type=int, default=None,
+                   help="key/value heads, grouped-query attention (1: multi-query); default: attention heads")
+    g.add_argument("--swiglu", action="store_true",
+                   help="SwiGLU MLP: the first projection outputs 2 x ffn size, silu(first half) x second half")
+    g.add_argument("--normalization", default="layernorm", choices=["layernorm", "rmsnorm"])
+    g.add_argument("--use-rotary-position-embeddings", action="store_true",
+                   help="rotary position embeddings on queries and keys, no learned position table")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="fraction of each head's channels that is rotated")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="a separate LM head instead of the word embedding's transpose")
+    g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
+                   help="no biases in the attention and MLP linears")
+    # Upstream's default is on; a numerical identity here (see ParallelAttention), kept for its flags.
+    g.add_argument("--apply-query-key-layer-scaling", action="store_true", dest="apply_query_key_layer_scaling",
+                   default=True, help="scale attention scores by 1 / layer number, undone in the softmax")
+    g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling")
 
 
 def _add_recompute_args(parser):
     g = parser.add_argument_group("activation recompute")
     g.add_argument("--checkpoint-activations", action="store_true",
-                   help="recompute each chunk of --checkpoint-num-layers transformer layers in backward")
+                   help="recompute each chunk of --checkpoint-num-layers transformer layers in backward "
+                        "(= --recompute-granularity full --recompute-method uniform)")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
+                   help="full: whole transformer layers; selective: the attention core softmax(Q K^T) V only")
+    g.add_argument("--recompute-method", "--activations-checkpoint-method", dest="recompute_method", default=None,
+                   choices=["uniform", "block"],
+                   help="with full: uniform, chunks of --recompute-num-layers layers; block, only the first "
+                        "--recompute-num-layers layers of each pipeline stage, one by one")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="layers per recomputed chunk (default: --checkpoint-num-layers)")
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="= --recompute-granularity selective")
+    g.add_argument("--deepspeed-activation-checkpointing", action="store_true",
+                   help="recompute through deepspeed.checkpointing (always the case here)")
 
 
 def _add_precision_args(parser):
@@ -322,10 +354,29 @@ def _validate_distributed(args, world_size):
 def _validate_model(args, tp):
     """The model's shape: sizes that divide, defaults derived from the other sizes."""
     _require(args.num_layers >= 1 and args.hidden_size >= 1, "--num-layers and --hidden-size must be >= 1")
-    _require(args.num_attention_heads % tp == 0,
-             f"--num-attention-heads {args.num_attention_heads} is not divisible by --tensor-model-parallel-size {tp}")
-    _require(args.hidden_size % args.num_attention_heads == 0,
-             f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {args.num_attention_heads}")
+    heads = args.num_attention_heads
+    _require(heads >= 1, "--num-attention-heads must be >= 1")
+    _require(heads % tp == 0, f"--num-attention-heads {heads} is not divisible by --tensor-model-parallel-size {tp}")
+    if args.kv_channels is None:
+        _require(args.hidden_size % heads == 0,
+                 f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads} "
+                 f"(or give --kv-channels)")
+        args.kv_channels = args.hidden_size // heads
+    _require(args.kv_channels >= 1, "--kv-channels must be >= 1")
+    if args.num_key_value_heads is None:
+        args.num_key_value_heads = heads
+    kv_heads = args.num_key_value_heads
+    _require(1 <= kv_heads <= heads and heads % kv_heads == 0,
+             f"--num-key-value-heads {kv_heads} must divide --num-attention-heads {heads}")
+    # Each tensor rank holds whole key/value heads with the query heads that read them (as upstream).
+    _require(kv_heads % tp == 0, f"--num-key-value-heads {kv_heads} cannot be split over "
+                                 f"--tensor-model-parallel-size {tp}: each tensor rank needs whole key/value heads")
+    if args.use_rotary_position_embeddings:
+        _require(0.0 < args.rotary_percent <= 1.0, "--rotary-percent must be in (0, 1]")
+        rotary_dim = int(args.kv_channels * args.rotary_percent)
+        _require(rotary_dim >= 2 and rotary_dim % 2 == 0,
+                 f"--rotary-percent {args.rotary_percent:g} of head size {args.kv_channels} gives {rotary_dim} "
+                 f"rotated channels; rotary embeddings need an even number >= 2")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = 4 * args.hidden_size
     _require(args.ffn_hidden_size % tp == 0,
@@ -337,7 +388,33 @@ def _validate_model(args, tp):
 
 
 def _validate_recompute(args):
+    """Upstream's recompute flags mapped onto --checkpoint-activations / --checkpoint-num-layers.
+
+    After this, checkpoint_activations says whether whole layers are recomputed (chunks of
+    checkpoint_num_layers) and recompute_granularity is None, 'full' or 'selective'.
+    """
     _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
+    if args.recompute_activations:
+        _require(args.recompute_granularity in (None, "selective"),
+                 "--recompute-activations means --recompute-granularity selective, not "
+                 f"{args.recompute_granularity}")
+        args.recompute_granularity = "selective"
+    if args.checkpoint_activations:
+        _require(args.recompute_granularity in (None, "full"),
+                 f"--checkpoint-activations recomputes full layers; it contradicts --recompute-granularity "
+                 f"{args.recompute_granularity}")
+        args.recompute_granularity = "full"
+    if args.recompute_num_layers is not None:
+        _require(args.recompute_num_layers >= 1, "--recompute-num-layers must be >= 1")
+        _require(args.recompute_granularity == "full",
+                 "--recompute-num-layers needs --recompute-granularity full")
+        args.checkpoint_num_layers = args.recompute_num_layers
+    if args.recompute_method is not None:
+        _require(args.recompute_granularity == "full", "--recompute-method needs --recompute-granularity full")
+    elif args.recompute_granularity == "full":
+        args.recompute_method = "uniform"
+    args.checkpoint_activations = args.recompute_granularity == "full"
+    args.recompute_num_layers = args.checkpoint_num_layers
 
 
 def _validate_partition(args, pp):

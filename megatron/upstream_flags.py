@@ -52,7 +52,6 @@ NO_OPS = (
              "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
     NoOpFlag(("--use-flash-attn-builder",),
              "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
-    NoOpFlag(("--no-query-key-layer-scaling",), "attention scores are never scaled by the layer number here"),
     NoOpFlag(("--accumulate-allreduce-grads-in-fp32",), "DeepSpeed's optimizers decide (bf16 accumulates in fp32)"),
     NoOpFlag(("--no-contiguous-buffers-in-local-ddp",), _MEGATRON_DDP),
     NoOpFlag(("--no-scatter-gather-tensors-in-pipeline",), _MEGATRON_DDP),

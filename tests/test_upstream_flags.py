@@ -23,7 +23,6 @@ from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.corpus import preprocess_demo_corpus
 from tests.helpers.launch import REPO
 from tests.helpers.upstream_scripts import (
-    FLAG_OWNERS,
     REBASE_VARIANTS,
     UNSUPPORTED,
     UNSUPPORTED_AT_OFF_VALUE,
@@ -33,7 +32,6 @@ from tests.helpers.upstream_scripts import (
     llama2_args,
     llama2_ds_config,
     megatron_gpt_args,
-    pending_flags,
     without_flags,
 )
 
@@ -70,36 +68,22 @@ def parses(argv, world_size=WORLD):
     return parse_args([str(a) for a in argv], world_size=world_size)
 
 
-def known_parts(argv):
-    """argv less the flags whose part of the fork has not defined them yet."""
-    pending = pending_flags(argv, build_parser())
-    assert "flags" not in pending, pending["flags"]
-    return without_flags(argv, [flag for flags in pending.values() for flag in flags])
-
-
 # ------------------------------------------------------------------------------------- the scripts parse
 @pytest.mark.parametrize("script", ["gpt_125m", "llama2"])
-def test_every_flag_of_this_part_is_known(script, request):
+def test_every_flag_of_the_scripts_is_known(script, request):
     argv = request.getfixturevalue(script)
     names = set(flag_names(argv)) | {flag for extra in REBASE_VARIANTS.values() for flag in flag_names(extra)}
-    known = build_parser()._option_string_actions
-    mine = [flag for flag in names if flag in FLAG_OWNERS["flags"]]
-    assert mine and [flag for flag in mine if flag not in known] == []
-    assert all(any(flag in flags for flags in FLAG_OWNERS.values()) for flag in names)
+    known = build_parser()._option_string_actions  # argparse has no public list of its options
+    assert sorted(flag for flag in names if flag not in known) == []
 
 
 @pytest.mark.parametrize("script", ["gpt_125m", "llama2"])
 def test_script_parses_whole(script, request):
-    argv = request.getfixturevalue(script)
-    pending = pending_flags(argv, build_parser())
-    assert "flags" not in pending
-    if pending:
-        pytest.skip(f"flags other parts of the fork have yet to define: {pending}")
-    parses(argv)
+    parses(request.getfixturevalue(script))
 
 
 def test_gpt_125m_flags_mean_what_upstream_means(gpt_125m):
-    args = parses(known_parts(gpt_125m))
+    args = parses(gpt_125m)
     assert (args.train_samples, args.train_iters, args.train_tokens) == (40, 5, 768)
     assert (args.lr_warmup_tokens, args.lr_decay_tokens, args.lr_decay_style) == (256, 768, "cosine")
     assert args.override_opt_param_scheduler and args.exit_duration_in_mins == 30000000
@@ -116,19 +100,23 @@ def test_gpt_125m_flags_mean_what_upstream_means(gpt_125m):
 
 
 def test_llama2_flags_mean_what_upstream_means(llama2):
-    argv = without_flags(known_parts(llama2), FLAG_OWNERS["data"])  # synthetic data here
-    args = parses(argv)
+    args = parses(llama2)
     assert (args.train_iters, args.lr_warmup_iters, args.lr_decay_style, args.optimizer) == (3, 1, "cosine", "adam")
     assert args.bf16 and args.deepspeed_config_dict["bf16"] == {"enabled": True} and args.zero_stage == 0
     assert args.distributed_backend == "nccl" and args.clip_grad == 0.0  # DeepSpeed's bf16 optimizer clips
     assert args.deepspeed_config_dict["gradient_clipping"] == 1.0
-    assert "--no-query-key-layer-scaling" in args.start_up_notes[0]
+    # the model flags, as upstream means them
+    assert (args.num_key_value_heads, args.kv_channels, args.ffn_hidden_size) == (2, 16, 172)
+    assert args.swiglu and args.normalization == "rmsnorm" and args.use_rotary_position_embeddings
+    assert args.untie_embeddings_and_output_weights and not args.add_bias_linear
+    assert not args.apply_query_key_layer_scaling and args.recompute_granularity is None
+    assert args.start_up_notes == []
 
 
 def test_megatron_lm_example_flags(tmp_path, corpus):
     """examples/pretrain_gpt.sh: iteration-based, warm-up a fraction (.01) of the 320-iteration decay, fp16
     without a DeepSpeed config (upstream's own loss-scaler defaults)."""
-    argv = known_parts(megatron_gpt_args(corpus, DEMO / "vocab.json", DEMO / "merges.txt", tmp_path / "ckpt"))
+    argv = megatron_gpt_args(corpus, DEMO / "vocab.json", DEMO / "merges.txt", tmp_path / "ckpt")
     args = parses(argv, world_size=2)
     spans = schedule_spans(args)
     assert (spans.lr_warmup_steps, spans.lr_decay_steps, spans.wd_incr_steps) == (0.01 * 320 * 8, 320 * 8, 500 * 8)
@@ -137,16 +125,21 @@ def test_megatron_lm_example_flags(tmp_path, corpus):
 
 @pytest.mark.parametrize("variant", sorted(REBASE_VARIANTS))
 def test_rebase_script_variants_parse(variant, gpt_125m):
-    argv = known_parts(gpt_125m + REBASE_VARIANTS[variant])
+    argv = gpt_125m + REBASE_VARIANTS[variant]
     if variant.startswith("ds_pretrain_gpt_1.3B_megatron_checkpointing"):
         # that script trains without --deepspeed, --deepspeed_config, --zero-stage and recomputes by
         # the new flags instead of --checkpoint-activations
         argv = without_flags(argv, ["--deepspeed", "--deepspeed_config", "--zero-stage", "--checkpoint-activations",
                                     "--deepspeed-activation-checkpointing"])
     if "--no-pipeline-parallel" in argv:
-        parses(without_flags(argv, ["--pipeline-model-parallel-size"]), world_size=2)
+        args = parses(without_flags(argv, ["--pipeline-model-parallel-size"]), world_size=2)
     else:
-        parses(argv)
+        args = parses(argv)
+    # every variant recomputes full layers, one per chunk (the 125M script's --checkpoint-activations,
+    # or the checkpointing script's --recompute-* flags)
+    assert (args.checkpoint_activations, args.checkpoint_num_layers, args.recompute_granularity) == (True, 1, "full")
+    if variant.endswith("rope.sh"):
+        assert args.use_rotary_position_embeddings and args.rotary_percent == 0.25
 
 
 def test_upstream_defaults():
@@ -162,19 +155,19 @@ def test_upstream_defaults():
 # ------------------------------------------------------------------------------------- refused, accepted
 @pytest.mark.parametrize("extra,words", UNSUPPORTED, ids=[extra[0] for extra, _ in UNSUPPORTED])
 def test_unsupported_flag_exits_2_with_one_line(extra, words, gpt_125m, monkeypatch, capsys):
-    line = one_line_exit_2(known_parts(gpt_125m) + extra, WORLD, monkeypatch, capsys)
+    line = one_line_exit_2(gpt_125m + extra, WORLD, monkeypatch, capsys)
     assert line.startswith(f"error: {extra[0]}") and "is not supported here" in line and words in line, line
 
 
 @pytest.mark.parametrize("extra", UNSUPPORTED_AT_OFF_VALUE, ids=[extra[0] for extra in UNSUPPORTED_AT_OFF_VALUE])
 def test_unsupported_feature_at_its_off_value_is_accepted(extra, gpt_125m):
-    parses(known_parts(gpt_125m) + extra)
+    parses(gpt_125m + extra)
 
 
 @pytest.mark.parametrize("flag,successor", [("--batch-size", "--micro-batch-size"), ("--warmup", "--lr-warmup"),
                                             ("--model-parallel-size", "--tensor-model-parallel-size")])
 def test_flags_upstream_retired_name_their_successor(flag, successor, gpt_125m, monkeypatch, capsys):
-    line = one_line_exit_2(known_parts(gpt_125m) + [flag, "4"], WORLD, monkeypatch, capsys)
+    line = one_line_exit_2(gpt_125m + [flag, "4"], WORLD, monkeypatch, capsys)
     assert line.startswith(f"error: {flag} is no longer valid") and successor in line
 
 
@@ -185,20 +178,20 @@ def test_curriculum_config_section_exits_2(tmp_path, gpt_125m, monkeypatch, caps
                                      "max_difficulty": 32, "schedule_type": "fixed_linear",
                                      "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}
     (tmp_path / "slw.json").write_text(json.dumps(config))
-    argv = known_parts(gpt_125m)
+    argv = gpt_125m
     argv[argv.index("--deepspeed_config") + 1] = str(tmp_path / "slw.json")
     line = one_line_exit_2(argv, WORLD, monkeypatch, capsys)
     assert line == "error: DeepSpeed config section 'curriculum_learning': curriculum learning is not supported here"
 
 
 def test_unknown_flag_is_argparse_one_line(gpt_125m, monkeypatch, capsys):
-    line = one_line_exit_2(known_parts(gpt_125m) + ["--no-such-flag"], WORLD, monkeypatch, capsys)
+    line = one_line_exit_2(gpt_125m + ["--no-such-flag"], WORLD, monkeypatch, capsys)
     assert line == "error: unrecognized arguments: --no-such-flag"
 
 
 def test_no_op_switches_are_listed_in_one_line(gpt_125m):
     switches = [entry.flags[0] for entry in NO_OPS if entry.value_type is None]
-    args = parses(known_parts(gpt_125m) + switches + ["--empty-unused-memory-level", "1"])
+    args = parses(gpt_125m + switches + ["--empty-unused-memory-level", "1"])
     assert len(args.start_up_notes) == 1
     note = args.start_up_notes[0]
     assert note.startswith("> accepted, no effect here: ")

@@ -19,7 +19,7 @@ import pytest
 from deepspeed.accelerator import get_accelerator
 
 from megatron.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
-from megatron.arguments import build_parser, parse_args
+from megatron.arguments import parse_args
 from megatron.profiler.report import validate_report
 from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
@@ -41,8 +41,6 @@ from tests.helpers.upstream_scripts import (
     gpt_125m_tokens_per_iteration,
     llama2_args,
     llama2_ds_config,
-    pending_flags,
-    without_flags,
 )
 
 pytestmark = pytest.mark.launch
@@ -61,11 +59,8 @@ def corpus(tmp_path_factory):
 
 def script_args(tmp, corpus):
     config = gpt_125m_ds_config(tmp / "ds_config_gbs8_mbs2_log1_zero1.json", precision=PRECISION)
-    argv = gpt_125m_args(corpus, DEMO / "vocab.json", DEMO / "merges.txt", config, tmp / "checkpoint",
+    return gpt_125m_args(corpus, DEMO / "vocab.json", DEMO / "merges.txt", config, tmp / "checkpoint",
                          tmp / "tensorboard", precision=PRECISION)
-    # Flags still to come from another part of the fork (none once every part is in); see test_upstream_flags.
-    pending = [flag for flags in pending_flags(argv, build_parser()).values() for flag in flags]
-    return without_flags(argv, pending)
 
 
 def torchrun(script, nprocs, script_args, cwd, timeout=300):
@@ -198,9 +193,7 @@ def test_llama2_script_trains_and_profiles_exactly(launcher, tmp_path, sentencep
     data_path, model_file = sentencepiece_corpus
     config = llama2_ds_config(tmp_path / "ds_config.json")
     argv = llama2_args(data_path, model_file, tmp_path / "checkpoint", config, backend="gloo")
-    pending = [flag for flags in pending_flags(argv, build_parser()).values() for flag in flags]
-    argv = without_flags(argv, pending) + ["--profile-flops-step", str(PROFILE_STEP),
-                                           "--profile-flops-output", str(tmp_path / "profile")]
+    argv += ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output", str(tmp_path / "profile")]
     nprocs = LLAMA2["TP"] * LLAMA2["PP"]
     args = parse_args(argv, world_size=nprocs)
     args.padded_vocab_size = vocab_size_with_padding(500, Namespace(**{**vars(args), "rank": 1}))
@@ -217,4 +210,9 @@ def test_llama2_script_trains_and_profiles_exactly(launcher, tmp_path, sentencep
     validate_report(report)
     analytic = gpt_flops_per_iteration(args)
     assert report["totals"]["fwd_flops"] == analytic["fwd_flops"]
-    assert report["totals"]["recompute_flops"] == analytic["recompute_flops"]
+    assert report["totals"]["recompute_flops"] == analytic["recompute_flops"] == 0
+    assert report["device"]["dtype"] == "bf16"
+    # the script's model: grouped-query attention, SwiGLU, RMSNorm, rotary, untied, no biases
+    assert (args.num_key_value_heads, args.swiglu, args.normalization) == (LLAMA2["NUM_KV_HEADS"], True, "rmsnorm")
+    assert args.untie_embeddings_and_output_weights and not args.add_bias_linear
+    assert "accepted, no effect here" not in output  # --no-query-key-layer-scaling is a model flag

@@ -1,14 +1,15 @@
-"""GPT-2: the pipeline model (GPTModelPipe) and the same network without a pipeline (GPTModel)."""
+"""GPT (GPT-2 or the LLaMA shape): the pipeline model (GPTModelPipe) and the same network without a
+pipeline (GPTModel)."""
 import re
 
-import torch
 import deepspeed
+import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime import utils as ds_utils
 
 from megatron import mpu
-from megatron.model.fused_layer_norm import LayerNorm
-from megatron.model.language_model import Embedding, EmbeddingPipe, lm_head_pipe, parallel_lm_logits
+from megatron.model.fused_layer_norm import LayerNorm, RMSNorm, norm_layer
+from megatron.model.language_model import Embedding, EmbeddingPipe, LMHead, LMHeadPipe, lm_head_pipe, parallel_lm_logits
 from megatron.model.transformer import ParallelTransformerLayer, ParallelTransformerLayerPipe
 
 TIED_EMBEDDING_WEIGHT = ["word_embeddings.weight"]
@@ -23,12 +24,24 @@ def gpt_loss(logits, labels_and_mask):
 
 
 def pipeline_layer_specs(args):
-    """Tied embedding, transformer layers 1..L, final LayerNorm, tied LM head (nothing is built yet)."""
-    specs = [TiedLayerSpec("embed", EmbeddingPipe, args, tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
+    """Embedding, transformer layers 1..L, final norm, LM head (nothing is built yet).
+
+    Tied (default): the embedding and the LM head are one TiedLayerSpec on the first and last stages.
+    Untied: a plain embedding on the first stage, its own LM head on the last.
+    """
+    untied = args.untie_embeddings_and_output_weights
+    if untied:
+        specs = [LayerSpec(EmbeddingPipe, args)]
+    else:
+        specs = [TiedLayerSpec("embed", EmbeddingPipe, args, tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
     specs += [LayerSpec(ParallelTransformerLayerPipe, args, layer_number) for layer_number in range(args.num_layers)]
-    specs += [LayerSpec(LayerNorm, args.hidden_size, eps=args.layernorm_epsilon)]
-    specs += [TiedLayerSpec("embed", EmbeddingPipe, args, forward_fn=lm_head_pipe,
-                            tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
+    norm = RMSNorm if args.normalization == "rmsnorm" else LayerNorm
+    specs += [LayerSpec(norm, args.hidden_size, eps=args.layernorm_epsilon)]
+    if untied:
+        specs += [LayerSpec(LMHeadPipe, args)]
+    else:
+        specs += [TiedLayerSpec("embed", EmbeddingPipe, args, forward_fn=lm_head_pipe,
+                                tied_weight_attr=TIED_EMBEDDING_WEIGHT)]
     return specs
 
 
@@ -53,11 +66,28 @@ class GPTModelPipe(PipelineModule):
     'type:transformer|embedding' also weighs the embedding and the LM head)."""
 
     def __init__(self, args):
-        interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
+        block = recompute_block_layers(args)
+        # block: each of the first N layers of a stage is recomputed alone (chunks of one layer, and
+        # _is_checkpointable declines the others); uniform: every chunk of N layers.
+        interval = 1 if block else args.checkpoint_num_layers if args.checkpoint_activations else 0
         super().__init__(layers=pipeline_layer_specs(args), loss_fn=gpt_loss, topology=mpu.get_topology(),
                          partition_method=args.pp_partition_method,
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
+        self.recompute_block_layers = block
+
+    def _is_checkpointable(self, funcs):
+        if not super()._is_checkpointable(funcs):
+            return False
+        if not self.recompute_block_layers:
+            return True
+        first = min(f.layer_number for f in self.forward_funcs if isinstance(f, ParallelTransformerLayer))
+        return all(f.layer_number - first < self.recompute_block_layers for f in funcs)
+
+
+def recompute_block_layers(args):
+    """N under --recompute-method block (the first N layers of each stage are recomputed), else 0."""
+    return args.checkpoint_num_layers if args.checkpoint_activations and args.recompute_method == "block" else 0
 
 
 class GPTModel(torch.nn.Module):
@@ -66,12 +96,21 @@ class GPTModel(torch.nn.Module):
     def __init__(self, args):
         super().__init__()
         self.checkpoint_num_layers = args.checkpoint_num_layers if args.checkpoint_activations else 0
+        self.recompute_block_layers = recompute_block_layers(args)
         self.embedding = Embedding(args)
         self.layers = torch.nn.ModuleList(
             [ParallelTransformerLayer(args, layer_number) for layer_number in range(args.num_layers)])
-        self.final_layernorm = LayerNorm(args.hidden_size, eps=args.layernorm_epsilon)
+        self.final_layernorm = norm_layer(args)
+        self.lm_head = LMHead(args) if args.untie_embeddings_and_output_weights else None
 
     def _run_layers(self, hidden_states):
+        if self.recompute_block_layers:
+            for index, layer in enumerate(self.layers):
+                if index < self.recompute_block_layers:
+                    hidden_states = deepspeed.checkpointing.checkpoint(layer, hidden_states)
+                else:
+                    hidden_states = layer(hidden_states)
+            return hidden_states
         if not self.checkpoint_num_layers:
             for layer in self.layers:
                 hidden_states = layer(hidden_states)
@@ -83,7 +122,10 @@ class GPTModel(torch.nn.Module):
 
     def forward(self, input_ids, labels=None, loss_mask=None):
         hidden_states = self.final_layernorm(self._run_layers(self.embedding(input_ids)))
-        logits = parallel_lm_logits(hidden_states, self.embedding.word_embeddings.weight)
+        if self.lm_head is not None:
+            logits = self.lm_head(hidden_states)
+        else:
+            logits = parallel_lm_logits(hidden_states, self.embedding.word_embeddings.weight)
         if labels is None:
             return logits
         return gpt_loss(logits, (labels, loss_mask))

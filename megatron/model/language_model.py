@@ -1,13 +1,17 @@
-"""Word and position embeddings, and the LM head that reuses the word embedding."""
+"""Word and position embeddings, and the LM head: the word embedding reused, or (untied) its own weight."""
 import torch
 import torch.nn.functional as F
 
 from megatron import mpu
 from megatron.model.utils import init_method_normal, seeded_init
 
+# The untied LM head draws its weight from its own seed, whatever stage builds it.
+LM_HEAD_SEED_OFFSET = 104729
+
 
 class Embedding(torch.nn.Module):
-    """Learned word (vocabulary-parallel) and position embeddings, summed, then dropout."""
+    """Learned word (vocabulary-parallel) and position embeddings, summed, then dropout. With rotary
+    position embeddings (applied in attention) there is no position table."""
 
     def __init__(self, args):
         super().__init__()
@@ -15,14 +19,39 @@ class Embedding(torch.nn.Module):
         with seeded_init(args.seed):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 args.padded_vocab_size, args.hidden_size, init_method=init_method)
-            self.position_embeddings = torch.nn.Embedding(args.max_position_embeddings, args.hidden_size)
-            init_method(self.position_embeddings.weight.data)
+            self.position_embeddings = None
+            if not args.use_rotary_position_embeddings:
+                self.position_embeddings = torch.nn.Embedding(args.max_position_embeddings, args.hidden_size)
+                init_method(self.position_embeddings.weight.data)
         self.embedding_dropout = torch.nn.Dropout(args.hidden_dropout)
 
     def forward(self, input_ids):
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        embeddings = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            embeddings = embeddings + self.position_embeddings(positions)
         return self.embedding_dropout(embeddings)
+
+
+class LMHead(torch.nn.Module):
+    """The untied output layer: its own vocabulary-parallel weight [vocab / tp, hidden], no bias."""
+
+    def __init__(self, args):
+        super().__init__()
+        with seeded_init(args.seed + LM_HEAD_SEED_OFFSET):
+            self.weight = mpu.vocab_parallel_weight(args.padded_vocab_size, args.hidden_size,
+                                                    init_method_normal(args.init_method_std))
+
+    def forward(self, hidden_states):
+        return parallel_lm_logits(hidden_states, self.weight)
+
+
+class LMHeadPipe(LMHead):
+    """The last stage's untied LM head (DeepSpeed passes the hidden states alone)."""
+
+    def forward(self, inputs):
+        hidden_states = inputs[0] if isinstance(inputs, tuple) else inputs
+        return super().forward(hidden_states)
 
 
 class EmbeddingPipe(Embedding):

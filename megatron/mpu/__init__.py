@@ -1,6 +1,6 @@
 """Model parallel utilities: process groups, tensor-parallel layers, communication and RNG."""
 from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
-from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, vocab_parallel_weight
 from megatron.mpu.mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
                                    reduce_from_tensor_model_parallel_region,
                                    scatter_to_tensor_model_parallel_region)

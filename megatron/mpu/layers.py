@@ -31,10 +31,21 @@ def _mark(param, partition_dim):
     return param
 
 
-def _sharded_weight(master_shape, partition_dim, init_method, params_dtype, device):
-    """This rank's slice of a master weight initialised in full, on the CPU, in float32."""
+def _sharded_weight(master_shape, partition_dim, init_method, params_dtype, device, stacked_parts=1):
+    """This rank's slice of a master weight initialised in full, on the CPU, in float32.
+
+    stacked_parts > 1 (partition_dim 0 only): the master's rows are that many stacked blocks (SwiGLU's
+    two halves); the rank takes its slice of each block, in order, so its output holds matching slices.
+    """
     master = torch.empty(master_shape, dtype=torch.float32)
     init_method(master)
+    if stacked_parts > 1:
+        assert partition_dim == 0
+        blocks = master.view(stacked_parts, master_shape[0] // stacked_parts, *master_shape[1:])
+        size = divide(blocks.shape[1], get_tensor_model_parallel_world_size())
+        shard = blocks.narrow(1, get_tensor_model_parallel_rank() * size, size).reshape(-1, *master_shape[1:])
+        shard = shard.clone(memory_format=torch.contiguous_format)
+        return _mark(torch.nn.Parameter(shard.to(device=device, dtype=params_dtype)), partition_dim)
     size = divide(master_shape[partition_dim], get_tensor_model_parallel_world_size())
     shard = master.narrow(partition_dim, get_tensor_model_parallel_rank() * size, size)
     # clone: keep only the slice's memory, not the whole master's storage.
@@ -44,6 +55,11 @@ def _sharded_weight(master_shape, partition_dim, init_method, params_dtype, devi
 
 def _zero_bias(size, partition_dim, params_dtype, device):
     return _mark(torch.nn.Parameter(torch.zeros(size, dtype=params_dtype, device=device)), partition_dim)
+
+
+def vocab_parallel_weight(num_embeddings, embedding_dim, init_method, params_dtype=torch.float32, device=None):
+    """A [vocab, hidden] weight split over tensor ranks by vocabulary rows, as VocabParallelEmbedding's."""
+    return _sharded_weight((num_embeddings, embedding_dim), 0, init_method, params_dtype, _module_device(device))
 
 
 class VocabParallelEmbedding(torch.nn.Module):
@@ -76,12 +92,13 @@ class ColumnParallelLinear(torch.nn.Module):
     """Y = X A^T + b with A's output rows split over tensor ranks: weight [output_size / tp, input_size].
 
     Returns (output, bias): the bias is returned separately, unadded, only with skip_bias_add.
-    With gather_output False the output stays split along its last dimension.
+    With gather_output False the output stays split along its last dimension. stacked_parts > 1: the
+    output is that many stacked blocks and each rank holds its slice of every block (see _sharded_weight).
     """
 
     def __init__(self, input_size, output_size, bias=True, gather_output=True,
                  init_method=torch.nn.init.xavier_normal_, skip_bias_add=False,
-                 params_dtype=torch.float32, device=None):
+                 params_dtype=torch.float32, device=None, stacked_parts=1):
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
@@ -89,7 +106,8 @@ class ColumnParallelLinear(torch.nn.Module):
         self.skip_bias_add = skip_bias_add
         self.output_size_per_partition = divide(output_size, get_tensor_model_parallel_world_size())
         device = _module_device(device)
-        self.weight = _sharded_weight((output_size, input_size), 0, init_method, params_dtype, device)
+        self.weight = _sharded_weight((output_size, input_size), 0, init_method, params_dtype, device,
+                                      stacked_parts=stacked_parts)
         if bias:
             self.bias = _zero_bias(self.output_size_per_partition, 0, params_dtype, device)
         else:

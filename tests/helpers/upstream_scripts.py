@@ -8,8 +8,6 @@
   same less --num-key-value-heads).
 - UNSUPPORTED: flags of upstream scripts for features this fork does not have, each with the value a
   script passes; appended to a list, each must stop the run with one line.
-
-FLAG_OWNERS says which part of the fork implements each flag the scripts use.
 """
 import json
 from pathlib import Path
@@ -228,58 +226,9 @@ UNSUPPORTED = [
 UNSUPPORTED_AT_OFF_VALUE = [["--num-experts", "1"], ["--ds-sequence-parallel-size", "1"], ["--mlp-type", "standard"],
                             ["--topk", "1"]]
 
-# Which part of the fork implements each flag the scripts above use ("flags": the arguments, schedule,
-# precision, DeepSpeed, logging and no-op switches; "model": shape and recompute; "data": data,
-# tokenizer and checkpoints).
-FLAG_OWNERS = {
-    "flags": [
-        "--override-opt_param-scheduler", "--adam-beta1", "--adam-beta2", "--tensor-model-parallel-size",
-        "--lr-decay-tokens", "--lr-warmup-tokens", "--micro-batch-size", "--exit-duration-in-mins",
-        "--global-batch-size", "--train-tokens", "--train-samples", "--train-iters", "--lr", "--min-lr",
-        "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples", "--lr-warmup-fraction", "--lr-warmup-iters",
-        "--lr-warmup-samples", "--log-interval", "--eval-interval", "--eval-iters", "--weight-decay", "--clip-grad",
-        "--hysteresis", "--fp16", "--bf16", "--seed", "--no-async-tensor-model-parallel-allreduce",
-        "--tensorboard-queue-size", "--log-timers-to-tensorboard", "--log-batch-size-to-tensorboard",
-        "--log-validation-ppl-to-tensorboard", "--tensorboard-dir", "--log-optimizer-states-to-tensorboard",
-        "--deepspeed", "--deepspeed_config", "--zero-stage", "--pipeline-model-parallel-size",
-        "--no-pipeline-parallel", "--use-flash-attn", "--distributed-backend", "--optimizer",
-        "--no-query-key-layer-scaling", "--rampup-batch-size", "--sequence-parallel", "--wandb-project",
-        "--wandb-exp-name", "--wandb-save-dir",
-    ],
-    "model": [
-        "--init-method-std", "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
-        "--max-position-embeddings", "--ffn-hidden-size", "--checkpoint-activations",
-        "--deepspeed-activation-checkpointing", "--recompute-granularity", "--recompute-method",
-        "--recompute-num-layers", "--use-rotary-position-embeddings", "--rotary-percent", "--attention-dropout",
-        "--hidden-dropout", "--untie-embeddings-and-output-weights", "--swiglu", "--normalization",
-        "--disable-bias-linear", "--num-key-value-heads", "--activations-checkpoint-method",
-    ],
-    "data": [
-        "--vocab-file", "--merge-file", "--data-path", "--data-impl", "--split", "--num-workers", "--save",
-        "--load", "--save-interval", "--tokenizer-type", "--tokenizer-model",
-    ],
-}
-
-
 def flag_names(argv):
     """The option names of an argument list (`--name=value` counts as --name)."""
     return [token.split("=", 1)[0] for token in argv if token.startswith("--")]
-
-
-def owner_of(flag):
-    for owner, flags in FLAG_OWNERS.items():
-        if flag in flags:
-            return owner
-    raise KeyError(f"{flag} has no owner in FLAG_OWNERS")
-
-
-def pending_flags(argv, parser):
-    """Flags of argv the parser does not know yet, by owner: {owner: [flag, ...]}."""
-    pending = {}
-    for flag in flag_names(argv):
-        if flag not in parser._option_string_actions:  # argparse has no public list of its options
-            pending.setdefault(owner_of(flag), []).append(flag)
-    return pending
 
 
 def without_flags(argv, flags):
