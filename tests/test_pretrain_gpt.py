@@ -77,8 +77,12 @@ def test_checkpoint_has_upstream_layout_and_client_state(pp2_tp1_straight):
     checkpoints, _ = pp2_tp1_straight
     assert (checkpoints / "latest").read_text() == "global_step10"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "10"
-    names = sorted(path.name for path in (checkpoints / "global_step10").iterdir())
-    assert "mp_rank_00_model_states.pt" in names and "layer_01-model_00-model_states.pt" in names
+    names = {path.name for path in (checkpoints / "global_step10").iterdir()}
+    # Upstream's numbering: its layer 0 is a function (no file); 1 the embedding, 2-5 the transformer
+    # layers, 6 the final norm; 7, the LM head, is the tied embedding's forward_fn (saved as layer 1).
+    assert {name for name in names if name.startswith("layer_")} == {
+        f"layer_{index:02d}-model_00-model_states.pt" for index in range(1, 7)}
+    assert "mp_rank_00_model_states.pt" in names
     state = torch.load(checkpoints / "global_step10" / "mp_rank_00_model_states.pt", weights_only=False)
     for key in ("args", "checkpoint_version", "iteration", "tokens", "random_rng_state", "np_rng_state",
                 "torch_rng_state", "rng_tracker_states", "lr_scheduler"):

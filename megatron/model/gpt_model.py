@@ -61,6 +61,9 @@ def stage_boundaries(args, num_stages):
     return ds_utils.partition_balanced(weights=weights, num_parts=num_stages), weights
 
 
+UPSTREAM_LAYER_FILE_OFFSET = 1
+
+
 class GPTModelPipe(PipelineModule):
     """Stages cut by --pp-partition-method (default: balance the transformer layers; Megatron-DeepSpeed's
     'type:transformer|embedding' also weighs the embedding and the LM head)."""
@@ -75,6 +78,15 @@ class GPTModelPipe(PipelineModule):
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
         self.recompute_block_layers = block
+
+    # Upstream's GPTModelPipe has a dtype-cast function as its first layer, so its layer files are
+    # numbered one above this model's specs: name them as upstream does, and either side's pipeline
+    # checkpoints load in the other.
+    def ckpt_layer_path(self, ckpt_dir, local_layer_idx):
+        return super().ckpt_layer_path(ckpt_dir, local_layer_idx + UPSTREAM_LAYER_FILE_OFFSET)
+
+    def ckpt_layer_path_list(self, ckpt_dir, local_layer_idx):
+        return super().ckpt_layer_path_list(ckpt_dir, local_layer_idx + UPSTREAM_LAYER_FILE_OFFSET)
 
     def _is_checkpointable(self, funcs):
         if not super()._is_checkpointable(funcs):

@@ -33,17 +33,25 @@ class Embedding(torch.nn.Module):
         return self.embedding_dropout(embeddings)
 
 
+class _WeightOnly(torch.nn.Module):
+    """Holds the LM head's weight under upstream's name, `lm_head.weight`, so checkpoints interoperate."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+
 class LMHead(torch.nn.Module):
     """The untied output layer: its own vocabulary-parallel weight [vocab / tp, hidden], no bias."""
 
     def __init__(self, args):
         super().__init__()
         with seeded_init(args.seed + LM_HEAD_SEED_OFFSET):
-            self.weight = mpu.vocab_parallel_weight(args.padded_vocab_size, args.hidden_size,
-                                                    init_method_normal(args.init_method_std))
+            self.lm_head = _WeightOnly(mpu.vocab_parallel_weight(args.padded_vocab_size, args.hidden_size,
+                                                                 init_method_normal(args.init_method_std)))
 
     def forward(self, hidden_states):
-        return parallel_lm_logits(hidden_states, self.weight)
+        return parallel_lm_logits(hidden_states, self.lm_head.weight)
 
 
 class LMHeadPipe(LMHead):
