@@ -68,7 +68,8 @@ def _add_model_args(parser):
     g = parser.add_argument_group("model")
     g.add_argument("--num-layers", type=int, required=True)
     g.add_argument("--hidden-size", type=int, required=True)
-    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 4 x hidden size")
+    g.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="default: 4 x hidden size; with --swiglu 2/3 of that, rounded down to a multiple of 64")
     g.add_argument("--num-attention-heads", type=int, required=True)
     g.add_argument("--seq-length", type=int, required=True)
     g.add_argument("--max-position-embeddings", type=int, default=None, help="default: seq length")
@@ -377,8 +378,15 @@ def _validate_model(args, tp):
         _require(rotary_dim >= 2 and rotary_dim % 2 == 0,
                  f"--rotary-percent {args.rotary_percent:g} of head size {args.kv_channels} gives {rotary_dim} "
                  f"rotated channels; rotary embeddings need an even number >= 2")
+    if args.ffn_hidden_size is None and args.swiglu:
+        # Upstream's default: SwiGLU's two input projections at about the parameters of a 4h MLP, 2/3 x 4h,
+        # rounded down to a multiple of 64.
+        args.ffn_hidden_size = int(4 * args.hidden_size * 2 / 3 / 64) * 64
+        _require(args.ffn_hidden_size >= 1, f"--swiglu's default MLP size, 2/3 x 4 x --hidden-size {args.hidden_size} "
+                                            f"rounded down to a multiple of 64, is 0: give --ffn-hidden-size")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = 4 * args.hidden_size
+    _require(args.ffn_hidden_size >= 1, "--ffn-hidden-size must be >= 1")
     _require(args.ffn_hidden_size % tp == 0,
              f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
     if args.max_position_embeddings is None:

@@ -118,6 +118,8 @@ BAD = [
     (["--checkpoint-activations", "--recompute-granularity", "selective"], 1,
      "--checkpoint-activations recomputes full layers; it contradicts --recompute-granularity selective"),
     (["--kv-channels", "0"], 1, "--kv-channels must be >= 1"),
+    (["--ffn-hidden-size", "0"], 1, "--ffn-hidden-size must be >= 1"),
+
     (["--rotary-percent", "0.1"], 1, "gives 0 rotated channels"),
 ]
 
@@ -126,6 +128,15 @@ BAD = [
 def test_bad_model_flags_exit_2_with_one_line(extra, world_size, message, monkeypatch, capsys):
     line = one_line_exit_2(BASE + extra, world_size, monkeypatch, capsys)
     assert message in line, line
+
+
+def test_swiglu_default_mlp_size_is_upstreams(monkeypatch, capsys):
+    at = BASE.index("--ffn-hidden-size")
+    without_ffn = BASE[:at] + BASE[at + 2:]
+    assert parse_args(without_ffn + ["--hidden-size", "96"], world_size=1).ffn_hidden_size == 256  # 2/3 x 384 = 256
+    assert parse_args(without_ffn + ["--hidden-size", "64"], world_size=1).ffn_hidden_size == 128  # 170.7 -> 128
+    line = one_line_exit_2(without_ffn + ["--hidden-size", "16"], 1, monkeypatch, capsys)
+    assert "rounded down to a multiple of 64, is 0: give --ffn-hidden-size" in line
 
 
 def test_hidden_size_need_not_divide_with_kv_channels():
