@@ -21,6 +21,8 @@ What these patches change:
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+TARGETS = ("0.19.",)
+
 _state = {"flag_step": None}
 
 

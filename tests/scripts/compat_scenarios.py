@@ -1,0 +1,134 @@
+"""DeepSpeed public-API scenarios, several engines one after another in one launch (launches are the cost).
+
+    deepspeed --num_gpus 2 compat_scenarios.py OUT_DIR MODE NAME [NAME ...]
+
+MODE "stock": DeepSpeed as shipped, the flops_profiler section off (the reference training).
+MODE "patched": patches.apply() first, the section on at PROFILE_STEP. Every rank writes
+OUT_DIR/<name>.rank<r>.json: the losses (float.hex) and, patched, what engine.flops_profiler returned.
+Global rank 0 also gets the printed report in OUT_DIR/<name>.profile.txt (the section's output_file).
+"""
+import json
+import sys
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.utils import groups
+
+WIDTH = 8
+MICRO = 2
+STEPS = 3
+PROFILE_STEP = 2
+
+
+# ---------------------------------------------------------------- models
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.Tanh(), torch.nn.Linear(2 * WIDTH, WIDTH))
+
+
+def _double(x):
+    return 2 * x
+
+
+def _tied_head(linear, x):
+    return F.linear(x, linear.weight)
+
+
+def _pipeline_layers(kind):
+    if kind == "functions":  # plain functions and lambdas between layers, a tied layer with and without forward_fn
+        return [TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH), _double,
+                LayerSpec(torch.nn.Linear, WIDTH, WIDTH), lambda x: torch.tanh(x),
+                LayerSpec(torch.nn.Linear, WIDTH, WIDTH),
+                TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH, forward_fn=_tied_head)]
+    return [LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh)]
+
+
+# ---------------------------------------------------------------- scenarios
+# name -> (engine kind, config additions, pipeline layers kind)
+SCENARIOS = {
+    "pipe_no_steps_per_print": ("pipe", {}, "linear"),
+    "plain_no_steps_per_print": ("plain", {}, None),
+}
+
+
+def _config(extra, mode, name, out_dir):
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
+    config.update(extra)
+    if mode == "patched":
+        config["flops_profiler"] = {"enabled": True, "profile_step": PROFILE_STEP, "detailed": False,
+                                    "output_file": str(out_dir / f"{name}.profile.txt")}
+    return config
+
+
+def _batches(seed):
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        x = torch.randn(MICRO, WIDTH, generator=generator)
+        yield x, x.flip(-1)
+
+
+def _profiler_numbers(engine):
+    profiler = getattr(engine, "flops_profiler", None)
+    if profiler is None:
+        return None
+    return {"flops": profiler.get_total_flops(), "macs": profiler.get_total_macs(),
+            "params": profiler.get_total_params(), "duration": profiler.get_total_duration()}
+
+
+def run_pipe(config, layers_kind):
+    module = PipelineModule(layers=_pipeline_layers(layers_kind), num_stages=2, loss_fn=torch.nn.MSELoss(),
+                            partition_method="uniform")
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+    data = _batches(1)
+    losses, numbers = [], None
+    for _ in range(STEPS):
+        profiled = engine.global_steps == PROFILE_STEP
+        losses.append(engine.train_batch(data_iter=data).item())
+        if profiled:
+            numbers = _profiler_numbers(engine)
+    return losses, numbers
+
+
+def run_plain(config):
+    # A PipelineEngine built earlier in this process left its grid in DeepSpeed's module-level groups.
+    groups.mpu = None
+    model = _mlp()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    data = _batches(1 + torch.distributed.get_rank())
+    losses, numbers = [], None
+    for _ in range(STEPS):
+        profiled = engine.global_steps == PROFILE_STEP
+        for _ in range(engine.gradient_accumulation_steps()):
+            x, y = next(data)
+            loss = F.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        if profiled:
+            numbers = _profiler_numbers(engine)
+    return losses, numbers
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    out_dir, mode, names = Path(args[0]), args[1], args[2:]
+    if mode == "patched":
+        import patches
+        patches.apply()
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    for name in names:
+        kind, extra, layers_kind = SCENARIOS[name]
+        torch.manual_seed(0)
+        config = _config(extra, mode, name, out_dir)
+        losses, numbers = run_pipe(config, layers_kind) if kind == "pipe" else run_plain(config)
+        result = {"losses": [float(loss).hex() for loss in losses], "profiler": numbers}
+        (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
