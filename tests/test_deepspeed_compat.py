@@ -11,7 +11,8 @@ pytestmark = pytest.mark.launch
 
 SCRIPT = REPO / "tests" / "scripts" / "compat_scenarios.py"
 HEADER = "DeepSpeed Flops Profiler"
-SCENARIOS = ["pipe_no_steps_per_print", "plain_no_steps_per_print"]
+SCENARIOS = ["ds_unit_one_layer", "pipe_no_steps_per_print", "plain_no_steps_per_print"]
+PRINTED = [name for name in SCENARIOS if name != "ds_unit_one_layer"]
 NPROCS = 2
 
 
@@ -31,8 +32,37 @@ def _result(runs, mode, name, rank=0):
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_losses_bitwise_identical_and_profile_printed(runs, name):
+def test_losses_bitwise_identical(runs, name):
     for rank in range(NPROCS):
         assert _result(runs, "patched", name, rank)["losses"] == _result(runs, "stock", name, rank)["losses"]
+
+
+@pytest.mark.parametrize("name", PRINTED)
+def test_profile_printed(runs, name):
     text = (runs["patched"] / f"{name}.profile.txt").read_text()
     assert text.count(HEADER) == 1 and "Profile Summary at step 2:" in text
+
+
+def _profiler(runs, name):
+    numbers = [_result(runs, "patched", name, rank)["profiler"] for rank in range(NPROCS)]
+    assert all(n == numbers[0] for n in numbers), numbers  # gathered: the same on every rank
+    return numbers[0]
+
+
+def test_deepspeed_unit_test_of_its_profiler(runs):
+    """DeepSpeed's own test (one Linear(10, 10), batch 1, section on): flops ~ 200 and params == 110 on
+    its rank 0. Ours are exact, on every rank; DeepSpeed's own profiler, in the stock run, agrees."""
+    numbers = _profiler(runs, "ds_unit_one_layer")
+    assert numbers["attributes"] == [200, 100, 110]  # engine.flops_profiler.flops, .macs, .params
+    assert (numbers["flops"], numbers["macs"], numbers["params"]) == (200, 100, 110)
+    assert numbers["flops_string"] == "200 FLOPS" and numbers["duration"] > 0
+    stock = _result(runs, "stock", "ds_unit_one_layer")["profiler"]
+    assert abs(stock["attributes"][0] - 200) / 200 < 0.05 and stock["attributes"][2] == 110
+
+
+def test_engine_flops_profiler_gives_whole_model_values(runs):
+    # pipeline: two Linear(8, 8) on two stages, 2 micro-batches of 2; plain: Linear(8, 16), Linear(16, 8)
+    pipe = _profiler(runs, "pipe_no_steps_per_print")
+    assert (pipe["flops"], pipe["macs"], pipe["params"]) == (2 * 2 * 8 * 8 * 2 * 2, 512, 2 * (8 * 8 + 8))
+    plain = _profiler(runs, "plain_no_steps_per_print")
+    assert (plain["flops"], plain["params"]) == (2 * 2 * (8 * 16 * 2) * 2, 8 * 16 + 16 + 16 * 8 + 8)

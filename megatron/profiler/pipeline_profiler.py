@@ -17,6 +17,7 @@ clock's offset to rank 0's (measure_clock_offset), so that the stages' events sh
 the bubble analysis and the Chrome trace (trace.py) use it. The trace's module slices are gathered
 to rank 0 only (they are many and only rank 0 writes).
 """
+import dataclasses
 import functools
 import time
 
@@ -28,7 +29,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from megatron.profiler.instruction_timer import InstructionTimer
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.peaks import peak_tflops_for
-from megatron.profiler.printer import format_report
+from megatron.profiler.printer import duration_to_string, format_report, number_to_string, params_to_string
 from megatron.profiler.report import build_report, write_json
 from megatron.profiler.trace import build_trace, write_trace
 
@@ -59,6 +60,8 @@ class PipelineFlopsProfiler:
         self._report = None
         self._entries = None
         self.started = False
+        # DeepSpeed's FlopsProfiler attributes, set when a report is built (print_model_profile, get_report).
+        self.flops = self.macs = self.params = None
 
     # ------------------------------------------------------------------ measuring
     def start_profile(self, ignore_list=None):
@@ -164,6 +167,7 @@ class PipelineFlopsProfiler:
         return {
             "global_rank": dist.get_rank(), "stage_id": stage_id, "tp_rank": tp_rank, "dp_rank": dp_rank,
             "modules": tree, "instructions": self.instruction_timer.as_dict(),
+            "uncounted_ops": [dataclasses.asdict(op) for op in self.module_profiler.uncounted_ops()],
             "train_batch_latency_s": train_batch_s, "peak_memory_bytes": peak,
             "events": [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.instruction_timer.events],
         }
@@ -201,7 +205,50 @@ class PipelineFlopsProfiler:
             dist.all_gather_object(entries, entry)
             self._report = build_report(entries, self._meta(profile_step))
             self._entries = entries
+            self.flops, self.macs, self.params = self.get_total_flops(), self.get_total_macs(), self.get_total_params()
         return self._report
+
+    # ------------------------------------------------------------------ DeepSpeed's FlopsProfiler getters
+    # DeepSpeed's meaning: forward FLOPs, MACs and forward duration of the profiled model, and its params.
+    # Once a report is built (after the profiled step), they are the gathered whole-model values, the same
+    # on every rank: one replica, every micro-batch of the step. Before that, this rank's own counts so far.
+    # They never gather, so one rank may call them alone.
+    def _totals(self):
+        if self._report is not None:
+            totals = self._report["totals"]
+            return totals["fwd_flops"], totals["params"], totals["fwd_latency_s"]
+        if self.module_profiler is None:
+            return 0, 0, 0.0
+        tree = self.module_profiler.tree()
+        return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
+
+    def get_total_flops(self, as_string=False):
+        flops = self._totals()[0]
+        return _with_unit(number_to_string(flops), "FLOPS") if as_string else flops
+
+    def get_total_macs(self, as_string=False):
+        """Matrix work is 2 FLOPs per multiply-accumulate, so MACs are half the forward FLOPs."""
+        macs = self._totals()[0] // 2
+        return _with_unit(number_to_string(macs), "MACs") if as_string else macs
+
+    def get_total_params(self, as_string=False):
+        params = self._totals()[1]
+        return params_to_string(params) if as_string else params
+
+    def get_total_duration(self, as_string=False):
+        duration = self._totals()[2]
+        return duration_to_string(duration) if as_string else duration
+
+    def reset_profile(self):
+        """Zero the counts and timings gathered so far; profiling, if started, goes on."""
+        if self.module_profiler is not None:
+            self.module_profiler.reset()
+        if self.instruction_timer is not None:
+            self.instruction_timer.reset()
+        self._report = None
+        self._train_batch_s = 0.0
+        if self.started:
+            self._window = [time.perf_counter(), None]
 
     def print_model_profile(self, profile_step=None, module_depth=-1, top_modules=1, detailed=True, output_file=None):
         """Collective. Global rank 0 prints the report (or writes it to output_file)."""
@@ -319,6 +366,10 @@ def _annotate_replicated_params(module, node):
 def _unpatched(method):
     """patches wraps the engines' train_batch, forward and step; the profiler itself runs the originals."""
     return getattr(method, "__wrapped__", method)
+
+
+def _with_unit(text, unit):
+    return f"{text}{unit}" if text[-1].isalpha() else f"{text} {unit}"
 
 
 def _plain(kwargs):

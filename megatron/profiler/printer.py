@@ -68,6 +68,22 @@ def _notations(report):
     return lines + [""]
 
 
+def _uncounted_lines(report, line):
+    ops = report.get("uncounted_ops") or []
+    if not ops:
+        return []
+    listed = ", ".join(f"{op['op']} x{op['calls']} ({op['phase']})" for op in ops)
+    return [line("uncounted ops", f"{listed}: no FLOP formula, left out of the flops (shown as >=)")]
+
+
+def _flops_of_model(report, prefix):
+    """A phase with uncounted ops did at least this much: never shown as an exact number."""
+    text = number_to_string(report["totals"][f"{prefix}_flops"])
+    if any(op["phase"] == prefix for op in report.get("uncounted_ops") or ()):
+        return ">= " + text
+    return text
+
+
 def _summary(report):
     totals, par = report["totals"], report["parallelism"]
     pp, tp, dp = par["pipeline_parallel_size"], par["tensor_parallel_size"], par["data_parallel_size"]
@@ -90,9 +106,10 @@ def _summary(report):
               for s in report["stages"]]
     lines += [
         line("params of model (tp shards summed, replicated and tied params once)", params_to_string(totals["params"])),
-        line("fwd flops of model", number_to_string(totals["fwd_flops"])),
-        line("bwd flops of model", number_to_string(totals["bwd_flops"])),
-        line("recompute flops of model", number_to_string(totals["recompute_flops"])),
+        line("fwd flops of model", _flops_of_model(report, "fwd")),
+        line("bwd flops of model", _flops_of_model(report, "bwd")),
+        line("recompute flops of model", _flops_of_model(report, "recompute")),
+        *_uncounted_lines(report, line),
         line("fwd / bwd / recompute flops per GPU = flops of model / (pp * tp)",
              " / ".join(number_to_string(totals[k] / (pp * tp)) for k in ("fwd_flops", "bwd_flops", "recompute_flops"))),
         line(f"fwd latency (ForwardPass of stage {bounding}, the bounding stage)", duration_to_string(totals["fwd_latency_s"])),

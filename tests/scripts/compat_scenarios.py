@@ -47,18 +47,28 @@ def _pipeline_layers(kind):
 
 
 # ---------------------------------------------------------------- scenarios
-# name -> (engine kind, config additions, pipeline layers kind)
+# engine: "plain" or "pipe"; config: added to the base config; layers: the pipeline's layers;
+# model: the plain engine's ("mlp", or "one_layer": DeepSpeed's own profiler unit test's Linear(10, 10) and
+# cross-entropy, bf16 for its fp16: CPU has no fp16); section: the flops_profiler section both modes
+# use, when not only the patched one.
 SCENARIOS = {
-    "pipe_no_steps_per_print": ("pipe", {}, "linear"),
-    "plain_no_steps_per_print": ("plain", {}, None),
+    "pipe_no_steps_per_print": {"engine": "pipe"},
+    "plain_no_steps_per_print": {"engine": "plain"},
+    "ds_unit_one_layer": {"engine": "plain", "model": "one_layer",
+                          "config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                     "steps_per_print": 1, "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+                                     "zero_optimization": {"stage": 0}, "bf16": {"enabled": True}},
+                          "section": {"enabled": True, "step": 1, "module_depth": -1, "top_modules": 3}},
 }
 
 
-def _config(extra, mode, name, out_dir):
+def _config(scenario, mode, name, out_dir):
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
               "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
-    config.update(extra)
-    if mode == "patched":
+    config.update(scenario.get("config", {}))
+    if "section" in scenario:
+        config["flops_profiler"] = dict(scenario["section"])
+    elif mode == "patched":
         config["flops_profiler"] = {"enabled": True, "profile_step": PROFILE_STEP, "detailed": False,
                                     "output_file": str(out_dir / f"{name}.profile.txt")}
     return config
@@ -75,8 +85,25 @@ def _profiler_numbers(engine):
     profiler = getattr(engine, "flops_profiler", None)
     if profiler is None:
         return None
+    attributes = [getattr(profiler, name, None) for name in ("flops", "macs", "params")]
+    if type(profiler).__module__.startswith("deepspeed"):  # stock: its getters fail after end_profile()
+        return {"attributes": attributes}
     return {"flops": profiler.get_total_flops(), "macs": profiler.get_total_macs(),
-            "params": profiler.get_total_params(), "duration": profiler.get_total_duration()}
+            "params": profiler.get_total_params(), "duration": profiler.get_total_duration(),
+            "flops_string": profiler.get_total_flops(as_string=True),
+            "attributes": attributes}
+
+
+class OneLayer(torch.nn.Module):
+    """DeepSpeed's unit-test SimpleModel with hidden_dim 10: one Linear, cross-entropy on its output."""
+
+    def __init__(self, hidden_dim=10):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_dim, hidden_dim)
+        self.cross_entropy_loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        return self.cross_entropy_loss(self.linear(x), y)
 
 
 def run_pipe(config, layers_kind):
@@ -93,24 +120,34 @@ def run_pipe(config, layers_kind):
     return losses, numbers
 
 
-def run_plain(config):
+def run_plain(config, model_kind, profile_step):
     # A PipelineEngine built earlier in this process left its grid in DeepSpeed's module-level groups.
     groups.mpu = None
-    model = _mlp()
+    model = OneLayer() if model_kind == "one_layer" else _mlp()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    generator = torch.Generator().manual_seed(1 + torch.distributed.get_rank())
     data = _batches(1 + torch.distributed.get_rank())
     losses, numbers = [], None
     for _ in range(STEPS):
-        profiled = engine.global_steps == PROFILE_STEP
+        profiled = engine.global_steps == profile_step
         for _ in range(engine.gradient_accumulation_steps()):
-            x, y = next(data)
-            loss = F.mse_loss(engine(x), y)
+            if model_kind == "one_layer":
+                x = torch.randn(engine.train_micro_batch_size_per_gpu(), 10, generator=generator)
+                y = torch.randint(10, (x.shape[0],), generator=generator)
+                loss = engine(x.to(_dtype(engine)), y)
+            else:
+                x, y = next(data)
+                loss = F.mse_loss(engine(x.to(_dtype(engine))).float(), y)
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
         if profiled:
             numbers = _profiler_numbers(engine)
     return losses, numbers
+
+
+def _dtype(engine):
+    return torch.float16 if engine.fp16_enabled() else torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
 
 
 def main():
@@ -122,10 +159,15 @@ def main():
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     for name in names:
-        kind, extra, layers_kind = SCENARIOS[name]
+        scenario = SCENARIOS[name]
         torch.manual_seed(0)
-        config = _config(extra, mode, name, out_dir)
-        losses, numbers = run_pipe(config, layers_kind) if kind == "pipe" else run_plain(config)
+        config = _config(scenario, mode, name, out_dir)
+        if scenario["engine"] == "pipe":
+            losses, numbers = run_pipe(config, scenario.get("layers", "linear"))
+        else:
+            section = scenario.get("section")
+            profile_step = section.get("profile_step", 1) if section else PROFILE_STEP
+            losses, numbers = run_plain(config, scenario.get("model", "mlp"), profile_step)
         result = {"losses": [float(loss).hex() for loss in losses], "profiler": numbers}
         (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps(result))
 
