@@ -56,6 +56,11 @@ def _with_flops_profiler(original_init):
         original_init(self, *args, **kwargs)
         if not _wants_profiler(self):
             return
+        from megatron.arguments import ArgumentError, exit_on_bad_args
+        try:
+            check_section(self._config.flops_profiler_config)
+        except ArgumentError as error:
+            exit_on_bad_args(str(error))
         from megatron.profiler import PipelineFlopsProfiler
         self.flops_profiler = PipelineFlopsProfiler(self)
         if self.autotuning_enabled() and not self.wall_clock_breakdown():
@@ -63,6 +68,15 @@ def _with_flops_profiler(original_init):
             self.engine_timers = EngineTimers(enable_micro_timers=False, enable_global_timers=True)
 
     return __init__
+
+
+def check_section(section):
+    """Refuse (ArgumentError) what the section asks and our profiler cannot honour."""
+    from megatron.arguments import ArgumentError
+    if section.recompute_fwd_factor:
+        raise ArgumentError(
+            f"flops_profiler.recompute_fwd_factor {section.recompute_fwd_factor:g} is not used: recompute "
+            "FLOPs are measured (recompute_flops in the report); remove the key or set it to 0")
 
 
 def _engine_profiler_never_enabled(self):

@@ -63,7 +63,7 @@ class UncountedOp:
 
 class _Node:
     """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
-    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula",
+    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula", "ignored",
                  "flops", "other_flops", "latency_s", "calls", "active", "since", "wall_since", "open_calls")
 
     def __init__(self, name, module_type, ancestors, formula):
@@ -73,6 +73,7 @@ class _Node:
         # dotted names below the root ("3.self_attention"); the root is known by its own name
         self.path = ".".join(a.name for a in ancestors[1:] + (self,)) if ancestors else name
         self.params = 0
+        self.ignored = False  # a type in start_profile's ignore_list: measured, left out of the tree
         self.children = []
         self.flops = [0, 0, 0]
         self.other_flops = [0, 0, 0]
@@ -236,8 +237,12 @@ def _build_tree(root, root_name):
 
 
 def _node_dict(node):
-    children = [_node_dict(child) for child in node.children]
-    out = {"name": node.name, "type": node.type, "params": node.params}
+    """The node, inclusive, without its ignored subtrees: their flops, latencies and params leave the
+    ancestors' totals too (the work was credited to the ignored nodes, which are simply not added)."""
+    kept = [child for child in node.children if not child.ignored]
+    children = [_node_dict(child) for child in kept]
+    own_params = node.params - sum(child.params for child in node.children)
+    out = {"name": node.name, "type": node.type, "params": own_params + sum(child["params"] for child in children)}
 
     def inclusive(field, own):
         out[field] = own + sum(child[field] for child in children)
@@ -259,10 +264,15 @@ def _no_sync():
 
 
 class ModuleProfiler:
-    def __init__(self, root, synchronize=None, root_name=None):
+    def __init__(self, root, synchronize=None, root_name=None, ignore_types=()):
+        """ignore_types: module classes left out of the profile (DeepSpeed's ignore_list): exact types, as
+        DeepSpeed matches them; the root is always kept."""
         self.root_module = root
         self._synchronize = synchronize or _no_sync
         self._root, self._pairs = _build_tree(root, root_name or type(root).__name__)
+        ignore_types = tuple(ignore_types or ())
+        for module, node in self._pairs:
+            node.ignored = node is not self._root and type(module) in ignore_types
         self._node_of = {id(module): node for module, node in self._pairs}
         self._mode = _FlopCountingMode(self._credit, self._count_uncounted)
         self._uncounted = {}  # (op name, phase) -> calls
@@ -322,7 +332,8 @@ class ModuleProfiler:
         had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
         string objects repeat for a module, so pickling the list sends each path once."""
         return [(node.path, node.type, len(node.ancestors), PHASE_PREFIXES[phase], start, end)
-                for node, phase, start, end in self._events]
+                for node, phase, start, end in self._events
+                if not node.ignored and not any(a.ignored for a in node.ancestors)]
 
     def uncounted_ops(self):
         """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""

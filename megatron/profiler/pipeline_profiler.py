@@ -65,12 +65,15 @@ class PipelineFlopsProfiler:
 
     # ------------------------------------------------------------------ measuring
     def start_profile(self, ignore_list=None):
-        """Install every hook and timer; local to this rank (no collective)."""
+        """Install every hook and timer; local to this rank (no collective).
+
+        ignore_list: module types left out of the profile, as in DeepSpeed (their flops, latencies and
+        params are not in the report, nor in their ancestors' totals)."""
         if self.started:
             return
         module = self.engine.module
         self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
-                                              root_name=type(module).__name__)
+                                              root_name=type(module).__name__, ignore_types=ignore_list)
         self.instruction_timer = InstructionTimer(self.engine, self.accelerator.synchronize)
         if self.is_pipeline:
             self._credit_tied_forward_fns(module)
@@ -169,7 +172,8 @@ class PipelineFlopsProfiler:
             "modules": tree, "instructions": self.instruction_timer.as_dict(),
             "uncounted_ops": [dataclasses.asdict(op) for op in self.module_profiler.uncounted_ops()],
             "train_batch_latency_s": train_batch_s, "peak_memory_bytes": peak,
-            "events": [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.instruction_timer.events],
+            "events": [(name, _plain(kwargs), start, end)
+                       for name, kwargs, start, end in self.instruction_timer.events],
         }
 
     def _meta(self, profile_step):
@@ -330,7 +334,8 @@ def _coordinates(engine):
 def _parallel_sizes(engine):
     if isinstance(engine, PipelineEngine):
         grid = engine.grid
-        return grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(), grid.get_data_parallel_world_size()
+        return (grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(),
+                grid.get_data_parallel_world_size())
     mpu = engine.mpu
     tp = mpu.get_model_parallel_world_size() if mpu is not None else 1
     return 1, tp, dist.get_world_size() // tp
