@@ -27,8 +27,8 @@ def apply():
     if _applied:
         return
     check_version()
-    from patches import flops_profiler_config, section_timers
-    for patch in (section_timers, flops_profiler_config):
+    from patches import flops_profiler_config, pipeline_timers, section_timers
+    for patch in (section_timers, flops_profiler_config, pipeline_timers):
         check_version(targets=patch.TARGETS)
         patch.install()
     _applied = True

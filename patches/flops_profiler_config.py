@@ -16,8 +16,7 @@ What these patches change:
    top_modules, detailed and output_file.
 3. A plain DeepSpeedEngine (no pipeline) gets the same: profiling starts at the first forward of
    profile_step on every rank and ends, with the same report, when step() closes that step.
-4. PipelineEngine's backward prologue and epilogue leave alone the timers that the running
-   pipeline instruction already started, so the section and wall_clock_breakdown no longer crash.
+(The wall-clock timer fixes are pipeline_timers.py and section_timers.py.)
 """
 import functools
 
@@ -38,12 +37,10 @@ def install():
     DeepSpeedEngine.__init__ = _with_flops_profiler(DeepSpeedEngine.__init__)
     DeepSpeedEngine.flops_profiler_enabled = _engine_profiler_never_enabled
     DeepSpeedEngine.forward = _profiling_forward(DeepSpeedEngine.forward)
-    PipelineEngine._start_timers = _start_timers_once
-    PipelineEngine._stop_timers = _stop_own_timers
     PipelineEngine.train_batch = _profiling_train_batch(PipelineEngine.train_batch)
 
 
-def _wants_profiler(engine):
+def wants_profiler(engine):
     """DeepSpeed builds its FlopsProfiler for these engines: the section is on, or autotuning is."""
     return engine._config.flops_profiler_config.enabled or engine.autotuning_enabled()
 
@@ -54,7 +51,7 @@ def _with_flops_profiler(original_init):
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        if not _wants_profiler(self):
+        if not wants_profiler(self):
             return
         from megatron.arguments import ArgumentError, exit_on_bad_args
         try:
@@ -87,7 +84,7 @@ def _engine_profiler_never_enabled(self):
 
 def _profiling_now(engine):
     """The section (or autotuning) asks for this step, and no --profile-flops-step flag overrides it."""
-    if _state["flag_step"] is not None or not _wants_profiler(engine):
+    if _state["flag_step"] is not None or not wants_profiler(engine):
         return False
     return engine.global_steps == engine.flops_profiler_profile_step()
 
@@ -117,6 +114,7 @@ def _set_autotuning_metric(engine, profiler):
 # ---------------------------------------------------------------- PipelineEngine
 def _profiling_train_batch(original_train_batch):
     def train_batch(self, data_iter=None):
+        """DeepSpeed gap: the section's profiler lives in DeepSpeedEngine.step(), which PipelineEngine never calls."""
         if not _profiling_now(self) or self.flops_profiler.started:  # not twice, if the user profiles it
             return original_train_batch(self, data_iter)
         profiler = self.flops_profiler
@@ -132,31 +130,10 @@ def _profiling_train_batch(original_train_batch):
     return train_batch
 
 
-_engine_start_timers = PipelineEngine._start_timers
-_engine_stop_timers = PipelineEngine._stop_timers
-
-
-def _start_timers_once(self, timer_names):
-    left_to_owner = self.__dict__.setdefault("_timers_left_to_owner", set())
-    to_start = []
-    for name in timer_names:
-        if self.timers(name).started_:
-            left_to_owner.add(name)  # the running instruction started it and will stop it
-        else:
-            to_start.append(name)
-    _engine_start_timers(self, to_start)
-
-
-def _stop_own_timers(self, timer_names):
-    left_to_owner = self.__dict__.get("_timers_left_to_owner", set())
-    to_stop = [name for name in timer_names if name not in left_to_owner]
-    left_to_owner.difference_update(timer_names)
-    _engine_stop_timers(self, to_stop)
-
-
 # ---------------------------------------------------------------- plain DeepSpeedEngine
 def _profiling_forward(original_forward):
     def forward(self, *inputs, **kwargs):
+        """DeepSpeed gap: the section's profiler counts global rank 0's first forward micro-batch only."""
         if isinstance(self, PipelineEngine) or not _profiling_now(self) or self.flops_profiler.started:
             return original_forward(self, *inputs, **kwargs)
         profiler = self.flops_profiler

@@ -7,7 +7,7 @@ from deepspeed.profiling.config import DeepSpeedFlopsProfilerConfig
 import patches
 from megatron.arguments import ArgumentError
 from megatron.profiler.module_profiler import ModuleProfiler
-from patches import flops_profiler_config, section_timers
+from patches import flops_profiler_config, pipeline_timers, section_timers
 
 
 def _model():
@@ -45,7 +45,7 @@ def test_recompute_fwd_factor_is_refused_in_one_line():
 
 
 def test_every_patch_names_the_deepspeed_versions_it_targets():
-    for patch in (section_timers, flops_profiler_config):
+    for patch in (section_timers, flops_profiler_config, pipeline_timers):
         assert patch.TARGETS and all(version.endswith(".") for version in patch.TARGETS)
         patches.check_version("0.19.8", targets=patch.TARGETS)
     with pytest.raises(patches.UnsupportedDeepSpeedVersion, match="found 0.20.0"):

@@ -11,7 +11,9 @@ pytestmark = pytest.mark.launch
 
 SCRIPT = REPO / "tests" / "scripts" / "compat_scenarios.py"
 HEADER = "DeepSpeed Flops Profiler"
-SCENARIOS = ["ds_unit_one_layer", "pipe_no_steps_per_print", "plain_no_steps_per_print"]
+SCENARIOS = ["ds_unit_one_layer", "plain_no_steps_per_print", "plain_wall_clock", "plain_zero1", "plain_zero2",
+             "pipe_no_steps_per_print", "pipe_wall_clock", "pipe_bf16", "pipe_zero1", "pipe_training_data",
+             "pipe_eval_on_profiled_step", "pipe_functions", "pipe_conv", "pipe_checkpointing"]
 PRINTED = [name for name in SCENARIOS if name != "ds_unit_one_layer"]
 NPROCS = 2
 

@@ -91,6 +91,7 @@ class PipelineFlopsProfiler:
         self.accelerator.synchronize()
         self._window = [time.perf_counter(), None]
         self.started = True
+        self.engine.flops_profiling_active = True  # patches fix DeepSpeed's timers for profiled engines
 
     def stop_profile(self):
         if not self.started:
@@ -103,6 +104,7 @@ class PipelineFlopsProfiler:
     def end_profile(self):
         """Remove every hook, wrapper and swapped function: the engine runs as if never profiled."""
         self.stop_profile()
+        self.engine.__dict__.pop("flops_profiling_active", None)
         for restore in reversed(self._restore_engine_methods):
             restore()
         self._restore_engine_methods = []

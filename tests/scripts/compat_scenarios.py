@@ -36,12 +36,20 @@ def _tied_head(linear, x):
     return F.linear(x, linear.weight)
 
 
+def _flatten(x):
+    return x.flatten(1)
+
+
 def _pipeline_layers(kind):
     if kind == "functions":  # plain functions and lambdas between layers, a tied layer with and without forward_fn
         return [TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH), _double,
                 LayerSpec(torch.nn.Linear, WIDTH, WIDTH), lambda x: torch.tanh(x),
                 LayerSpec(torch.nn.Linear, WIDTH, WIDTH),
                 TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH, forward_fn=_tied_head)]
+    if kind == "conv":  # (MICRO, 1, 8, 8) images: convolution, pooling, a function layer, a Linear head
+        return [LayerSpec(torch.nn.Conv2d, 1, 4, 3, padding=1), LayerSpec(torch.nn.ReLU),
+                LayerSpec(torch.nn.MaxPool2d, 2), LayerSpec(torch.nn.Conv2d, 4, 4, 3, padding=1),
+                LayerSpec(torch.nn.AvgPool2d, 2), _flatten, LayerSpec(torch.nn.Linear, 16, WIDTH)]
     return [LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh),
             LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh)]
 
@@ -50,10 +58,26 @@ def _pipeline_layers(kind):
 # engine: "plain" or "pipe"; config: added to the base config; layers: the pipeline's layers;
 # model: the plain engine's ("mlp", or "one_layer": DeepSpeed's own profiler unit test's Linear(10, 10) and
 # cross-entropy, bf16 for its fp16: CPU has no fp16); section: the flops_profiler section both modes
-# use, when not only the patched one.
+# use, when not only the patched one; stock_config: what the stock run changes; training_data: train_batch()
+# reads deepspeed.initialize's training_data; eval: eval_batch() on the profiled step, before train_batch();
+# checkpoint: activation_checkpoint_interval 1 with checkpointable_layers.
 SCENARIOS = {
     "pipe_no_steps_per_print": {"engine": "pipe"},
+    # Stock 0.19.8 crashes a pipeline with wall_clock_breakdown ("bwd_microstep timer has already been
+    # started"): its reference run goes without the timers, which change no number.
+    "pipe_wall_clock": {"engine": "pipe", "config": {"wall_clock_breakdown": True, "steps_per_print": 1},
+                        "stock_config": {"wall_clock_breakdown": False}},
+    "pipe_bf16": {"engine": "pipe", "config": {"bf16": {"enabled": True}}},
+    "pipe_zero1": {"engine": "pipe", "config": {"zero_optimization": {"stage": 1}}},
+    "pipe_training_data": {"engine": "pipe", "training_data": True},
+    "pipe_eval_on_profiled_step": {"engine": "pipe", "eval": True},
+    "pipe_functions": {"engine": "pipe", "layers": "functions"},
+    "pipe_conv": {"engine": "pipe", "layers": "conv"},
+    "pipe_checkpointing": {"engine": "pipe", "checkpoint": True},
     "plain_no_steps_per_print": {"engine": "plain"},
+    "plain_wall_clock": {"engine": "plain", "config": {"wall_clock_breakdown": True, "steps_per_print": 1}},
+    "plain_zero1": {"engine": "plain", "config": {"zero_optimization": {"stage": 1}}},
+    "plain_zero2": {"engine": "plain", "config": {"zero_optimization": {"stage": 2}}},
     "ds_unit_one_layer": {"engine": "plain", "model": "one_layer",
                           "config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                                      "steps_per_print": 1, "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
@@ -66,6 +90,8 @@ def _config(scenario, mode, name, out_dir):
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
               "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
     config.update(scenario.get("config", {}))
+    if mode == "stock":
+        config.update(scenario.get("stock_config", {}))
     if "section" in scenario:
         config["flops_profiler"] = dict(scenario["section"])
     elif mode == "patched":
@@ -74,11 +100,28 @@ def _config(scenario, mode, name, out_dir):
     return config
 
 
-def _batches(seed):
+def _batches(seed, image=False):
     generator = torch.Generator().manual_seed(seed)
     while True:
-        x = torch.randn(MICRO, WIDTH, generator=generator)
-        yield x, x.flip(-1)
+        if image:
+            yield torch.randn(MICRO, 1, 8, 8, generator=generator), torch.randn(MICRO, WIDTH, generator=generator)
+        else:
+            x = torch.randn(MICRO, WIDTH, generator=generator)
+            yield x, x.flip(-1)
+
+
+class _Samples(torch.utils.data.Dataset):
+    """training_data for deepspeed.initialize: fixed samples, so both runs read the same ones."""
+
+    def __init__(self, count=64):
+        generator = torch.Generator().manual_seed(3)
+        self.x = torch.randn(count, WIDTH, generator=generator)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return self.x[index], self.x[index].flip(-1)
 
 
 def _profiler_numbers(engine):
@@ -106,15 +149,23 @@ class OneLayer(torch.nn.Module):
         return self.cross_entropy_loss(self.linear(x), y)
 
 
-def run_pipe(config, layers_kind):
+def run_pipe(config, scenario):
+    layers_kind = scenario.get("layers", "linear")
+    checkpoint = {"activation_checkpoint_interval": 1, "checkpointable_layers": ["Linear"]} \
+        if scenario.get("checkpoint") else {}
     module = PipelineModule(layers=_pipeline_layers(layers_kind), num_stages=2, loss_fn=torch.nn.MSELoss(),
-                            partition_method="uniform")
-    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
-    data = _batches(1)
+                            partition_method="uniform", **checkpoint)
+    training_data = _Samples() if scenario.get("training_data") else None
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config,
+                                           training_data=training_data)
+    data = _batches(1, image=layers_kind == "conv")
     losses, numbers = [], None
     for _ in range(STEPS):
         profiled = engine.global_steps == PROFILE_STEP
-        losses.append(engine.train_batch(data_iter=data).item())
+        if scenario.get("eval") and profiled:
+            losses.append(engine.eval_batch(data_iter=data).item())
+        loss = engine.train_batch() if training_data is not None else engine.train_batch(data_iter=data)
+        losses.append(loss.item())
         if profiled:
             numbers = _profiler_numbers(engine)
     return losses, numbers
@@ -163,7 +214,7 @@ def main():
         torch.manual_seed(0)
         config = _config(scenario, mode, name, out_dir)
         if scenario["engine"] == "pipe":
-            losses, numbers = run_pipe(config, scenario.get("layers", "linear"))
+            losses, numbers = run_pipe(config, scenario)
         else:
             section = scenario.get("section")
             profile_step = section.get("profile_step", 1) if section else PROFILE_STEP
