@@ -14,6 +14,8 @@ HEADER = "DeepSpeed Flops Profiler"
 SCENARIOS = ["ds_unit_one_layer", "plain_no_steps_per_print", "plain_wall_clock", "plain_zero1", "plain_zero2",
              "pipe_no_steps_per_print", "pipe_wall_clock", "pipe_bf16", "pipe_zero1", "pipe_training_data",
              "pipe_eval_on_profiled_step", "pipe_functions", "pipe_conv", "pipe_checkpointing"]
+# Autotuning exits the process after its last profiled step: it goes last and writes only its metric.
+LAUNCHED = SCENARIOS + ["plain_autotuning"]
 PRINTED = [name for name in SCENARIOS if name != "ds_unit_one_layer"]
 NPROCS = 2
 
@@ -23,7 +25,7 @@ def runs(tmp_path_factory):
     results = {}
     for mode in ("stock", "patched"):
         out = tmp_path_factory.mktemp(mode)
-        process = launch(SCRIPT, NPROCS, [out, mode] + SCENARIOS, cwd=out)
+        process = launch(SCRIPT, NPROCS, [out, mode] + LAUNCHED, cwd=out)
         assert process.returncode == 0, explain(process)
         results[mode] = out
     return results
@@ -68,3 +70,34 @@ def test_engine_flops_profiler_gives_whole_model_values(runs):
     assert (pipe["flops"], pipe["macs"], pipe["params"]) == (2 * 2 * 8 * 8 * 2 * 2, 512, 2 * (8 * 8 + 8))
     plain = _profiler(runs, "plain_no_steps_per_print")
     assert (plain["flops"], plain["params"]) == (2 * 2 * (8 * 16 * 2) * 2, 8 * 16 + 16 + 16 * 8 + 8)
+
+
+def test_conv_pipeline_matches_flop_counter_mode_two_stages(runs):
+    """Convolutions, pooling and a function layer on 2 stages: fwd and bwd equal torch's FlopCounterMode
+    over the same layers in one process."""
+    numbers = _profiler(runs, "pipe_conv")
+    assert numbers["reference"]["fwd_flops"] > 0
+    assert {key: numbers["totals"][key] for key in ("fwd_flops", "bwd_flops")} == numbers["reference"]
+
+
+def test_conv_pipeline_matches_flop_counter_mode_four_stages(tmp_path):
+    process = launch(SCRIPT, 4, [tmp_path, "patched", "pipe_conv"], cwd=tmp_path)
+    assert process.returncode == 0, explain(process)
+    numbers = [json.loads((tmp_path / f"pipe_conv.rank{rank}.json").read_text())["profiler"] for rank in range(4)]
+    assert all(n == numbers[0] for n in numbers)
+    assert {key: numbers[0]["totals"][key] for key in ("fwd_flops", "bwd_flops")} == numbers[0]["reference"]
+
+
+def test_autotuning_metric_uses_measured_fwd_and_bwd(runs):
+    """DeepSpeed's autotuner writes FLOPS_per_gpu = engine.flops * gas / latency. Its own profiler puts
+    3x one forward in engine.flops; ours the measured forward + backward of one micro-batch."""
+    def engine_flops(mode):
+        metric = json.loads((runs[mode] / "plain_autotuning.metric.json").read_text())
+        return metric["FLOPS_per_gpu"] * metric["latency"] / (1_000_000 * 2)  # 2 micro-batches per step
+
+    # Linear(8, 16), Linear(16, 8) on 2 samples: fwd 2 GEMMs; bwd 1 for the first layer (its input needs
+    # no gradient) and 2 for the second.
+    fwd = 2 * 2 * (8 * 16 + 16 * 8)
+    bwd = 2 * 2 * 8 * 16 + 2 * (2 * 2 * 16 * 8)
+    assert engine_flops("patched") == pytest.approx(fwd + bwd, rel=1e-9)
+    assert engine_flops("stock") == pytest.approx(3 * fwd, rel=0.05)

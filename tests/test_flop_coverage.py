@@ -119,3 +119,13 @@ def test_report_without_uncounted_ops_prints_exact_numbers():
     report = build_report(rank_entries(), make_meta())
     assert report["uncounted_ops"] == []
     assert "uncounted ops" not in format_report(report) and ">= " not in format_report(report)
+
+
+def test_report_says_when_the_profiled_step_was_skipped():
+    meta = make_meta()
+    assert build_report(rank_entries(), meta)["optimizer_step_skipped"] is False
+    meta["optimizer_step_skipped"] = True
+    report = build_report(rank_entries(), meta)
+    validate_report(report)
+    assert report["optimizer_step_skipped"] is True
+    assert "skipped (fp16 loss-scale overflow)" in format_report(report)

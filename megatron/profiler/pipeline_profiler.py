@@ -87,6 +87,7 @@ class PipelineFlopsProfiler:
             self.accelerator.reset_peak_memory_stats()
         self._report = None
         self._train_batch_s = 0.0
+        self._skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
         self.module_profiler.start()
         self.accelerator.synchronize()
         self._window = [time.perf_counter(), None]
@@ -200,6 +201,8 @@ class PipelineFlopsProfiler:
             "micro_batch_size": engine.train_micro_batch_size_per_gpu(), "seq_length": self.seq_length,
             "activation_checkpointing": checkpointing, "analytic": self.analytic,
             "peak_tflops": peak, "device_name": device_name, "dtype": dtype,
+            # fp16 loss scaling skips the update of a step whose gradients overflowed: timed, but no update
+            "optimizer_step_skipped": getattr(engine, "skipped_steps", 0) > getattr(self, "_skipped_steps_before", 0),
         }
 
     def get_report(self, profile_step=None):

@@ -3,7 +3,8 @@
 The contract is specs/flops-profile.md and flops-profile.schema.json (beside this file, loaded by
 path relative to this module; an installed wheel needs it as package data). Beyond the schema the
 report carries:
-- top level: `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
+- top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update),
+  `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
   `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
   carry no schedule events) and `notes` (the formulas used; the printer's Notations block);
@@ -398,6 +399,7 @@ def build_report(rank_entries, meta):
             "seq_length": seq,
         },
         "activation_checkpointing": bool(meta["activation_checkpointing"]),
+        "optimizer_step_skipped": bool(meta.get("optimizer_step_skipped", False)),
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
         "uncounted_ops": _uncounted_ops(replica),

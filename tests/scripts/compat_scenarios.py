@@ -61,6 +61,8 @@ def _pipeline_layers(kind):
 # use, when not only the patched one; stock_config: what the stock run changes; training_data: train_batch()
 # reads deepspeed.initialize's training_data; eval: eval_batch() on the profiled step, before train_batch();
 # checkpoint: activation_checkpoint_interval 1 with checkpointable_layers.
+ZERO_SGD = {"zero_allow_untested_optimizer": True}  # ZeRO with torch's SGD: DeepSpeed asks for this key
+
 SCENARIOS = {
     "pipe_no_steps_per_print": {"engine": "pipe"},
     # Stock 0.19.8 crashes a pipeline with wall_clock_breakdown ("bwd_microstep timer has already been
@@ -68,7 +70,7 @@ SCENARIOS = {
     "pipe_wall_clock": {"engine": "pipe", "config": {"wall_clock_breakdown": True, "steps_per_print": 1},
                         "stock_config": {"wall_clock_breakdown": False}},
     "pipe_bf16": {"engine": "pipe", "config": {"bf16": {"enabled": True}}},
-    "pipe_zero1": {"engine": "pipe", "config": {"zero_optimization": {"stage": 1}}},
+    "pipe_zero1": {"engine": "pipe", "config": {"zero_optimization": {"stage": 1}, **ZERO_SGD}},
     "pipe_training_data": {"engine": "pipe", "training_data": True},
     "pipe_eval_on_profiled_step": {"engine": "pipe", "eval": True},
     "pipe_functions": {"engine": "pipe", "layers": "functions"},
@@ -76,8 +78,10 @@ SCENARIOS = {
     "pipe_checkpointing": {"engine": "pipe", "checkpoint": True},
     "plain_no_steps_per_print": {"engine": "plain"},
     "plain_wall_clock": {"engine": "plain", "config": {"wall_clock_breakdown": True, "steps_per_print": 1}},
-    "plain_zero1": {"engine": "plain", "config": {"zero_optimization": {"stage": 1}}},
-    "plain_zero2": {"engine": "plain", "config": {"zero_optimization": {"stage": 2}}},
+    "plain_zero1": {"engine": "plain", "config": {"zero_optimization": {"stage": 1}, **ZERO_SGD}},
+    "plain_zero2": {"engine": "plain", "config": {"zero_optimization": {"stage": 2}, **ZERO_SGD}},
+    # Last in a launch: DeepSpeed's autotuning exits the process after end_profile_step.
+    "plain_autotuning": {"engine": "plain", "autotuning": True, "section": None},
     "ds_unit_one_layer": {"engine": "plain", "model": "one_layer",
                           "config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                                      "steps_per_print": 1, "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
@@ -92,8 +96,12 @@ def _config(scenario, mode, name, out_dir):
     config.update(scenario.get("config", {}))
     if mode == "stock":
         config.update(scenario.get("stock_config", {}))
+    if scenario.get("autotuning"):
+        config["autotuning"] = {"enabled": True, "start_profile_step": 1, "end_profile_step": 2,
+                                "metric_path": str(out_dir / f"{name}.metric.json")}
     if "section" in scenario:
-        config["flops_profiler"] = dict(scenario["section"])
+        if scenario["section"] is not None:
+            config["flops_profiler"] = dict(scenario["section"])
     elif mode == "patched":
         config["flops_profiler"] = {"enabled": True, "profile_step": PROFILE_STEP, "detailed": False,
                                     "output_file": str(out_dir / f"{name}.profile.txt")}
@@ -134,7 +142,8 @@ def _profiler_numbers(engine):
     return {"flops": profiler.get_total_flops(), "macs": profiler.get_total_macs(),
             "params": profiler.get_total_params(), "duration": profiler.get_total_duration(),
             "flops_string": profiler.get_total_flops(as_string=True),
-            "attributes": attributes}
+            "attributes": attributes, "totals": {key: profiler.get_report()["totals"][key]  # cached: no collective
+                                                 for key in ("fwd_flops", "bwd_flops", "recompute_flops")}}
 
 
 class OneLayer(torch.nn.Module):
@@ -153,7 +162,8 @@ def run_pipe(config, scenario):
     layers_kind = scenario.get("layers", "linear")
     checkpoint = {"activation_checkpoint_interval": 1, "checkpointable_layers": ["Linear"]} \
         if scenario.get("checkpoint") else {}
-    module = PipelineModule(layers=_pipeline_layers(layers_kind), num_stages=2, loss_fn=torch.nn.MSELoss(),
+    stages = torch.distributed.get_world_size() // scenario.get("dp", 1)
+    module = PipelineModule(layers=_pipeline_layers(layers_kind), num_stages=stages, loss_fn=torch.nn.MSELoss(),
                             partition_method="uniform", **checkpoint)
     training_data = _Samples() if scenario.get("training_data") else None
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config,
@@ -168,7 +178,39 @@ def run_pipe(config, scenario):
         losses.append(loss.item())
         if profiled:
             numbers = _profiler_numbers(engine)
+    if numbers is not None and layers_kind == "conv":
+        numbers["reference"] = _reference_flops(engine.micro_batches)
     return losses, numbers
+
+
+def _reference_flops(micro_batches):
+    """torch's FlopCounterMode over the same layers in this one process: {fwd_flops, bwd_flops} of a step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layers = [spec.build() if isinstance(spec, LayerSpec) else spec for spec in _pipeline_layers("conv")]
+    data = _batches(1, image=True)
+    counts = {}
+    for phase in ("fwd_flops", "bwd_flops"):
+        total = 0
+        for _ in range(micro_batches):
+            x, y = next(data)
+            counter = FlopCounterMode(display=False)
+            if phase == "fwd_flops":
+                with counter:
+                    loss = _run_layers(layers, x, y)
+            else:
+                loss = _run_layers(layers, x, y)
+                with counter:
+                    loss.backward()
+            total += counter.get_total_flops()
+        counts[phase] = total
+    return counts
+
+
+def _run_layers(layers, x, y):
+    for layer in layers:
+        x = layer(x)
+    return torch.nn.functional.mse_loss(x, y)
 
 
 def run_plain(config, model_kind, profile_step):
@@ -216,8 +258,8 @@ def main():
         if scenario["engine"] == "pipe":
             losses, numbers = run_pipe(config, scenario)
         else:
-            section = scenario.get("section")
-            profile_step = section.get("profile_step", 1) if section else PROFILE_STEP
+            section = scenario.get("section", {"profile_step": PROFILE_STEP})
+            profile_step = (section or {}).get("profile_step", 1)
             losses, numbers = run_plain(config, scenario.get("model", "mlp"), profile_step)
         result = {"losses": [float(loss).hex() for loss in losses], "profiler": numbers}
         (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps(result))
