@@ -169,6 +169,8 @@ def run_pipe(config, scenario):
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config,
                                            training_data=training_data)
     data = _batches(1, image=layers_kind == "conv")
+    if engine.bfloat16_enabled():  # the first stage's inputs and the last stage's labels in the model's dtype
+        data = ((x.to(torch.bfloat16), y.to(torch.bfloat16)) for x, y in data)
     losses, numbers = [], None
     for _ in range(STEPS):
         profiled = engine.global_steps == PROFILE_STEP
