@@ -18,7 +18,7 @@ def install():
 
 
 def wall_clock_breakdown(self):
-    """DeepSpeed's own answer, except that an enabled flops_profiler section does not turn it on."""
+    """DeepSpeed bug: the section forces the timers on, and a pipeline then crashes on steps_per_print None."""
     if not self._config.flops_profiler_config.enabled:
         return _original(self)
     return bool(get_wall_clock_breakdown(self._config._param_dict))

@@ -1,6 +1,8 @@
 """DeepSpeed stays DeepSpeed: public-API scenarios trained twice, by stock DeepSpeed (the flops_profiler
 section off) and with patches.apply() and the section on. Losses must match bit for bit and the profile
-must be there. All scenarios share two launches (tests/scripts/compat_scenarios.py)."""
+must be there. All scenarios share two launches (tests/scripts/compat_scenarios.py); the 4-stage conv
+check is a third. fp16 (dynamic loss scaling) is absent: DeepSpeed's CPU accelerator has no fp16, so the
+report's optimizer_step_skipped is tested on synthetic measurements (test_flop_coverage.py)."""
 import json
 
 import pytest
