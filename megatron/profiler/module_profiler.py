@@ -134,10 +134,9 @@ def _has_composite_kernel(func):
     """Under inference_mode, composite ops (linear, matmul, einsum, conv2d) reach the mode whole instead of
     as the mm / bmm / convolution they run as; their decomposition runs the same kernels (torch's own
     FlopCounterMode decomposes them too), so the count does not depend on the grad mode."""
-    name = getattr(func, "name", None)
-    if name is None:
+    if not isinstance(func, torch._ops.OpOverload):  # higher-order ops have no dispatcher entry
         return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
 
 
 class _FlopCountingMode(TorchDispatchMode):
