@@ -49,7 +49,8 @@ def _pipeline_layers(kind):
     if kind == "conv":  # (MICRO, 1, 8, 8) images: convolution, pooling, a function layer, a Linear head
         return [LayerSpec(torch.nn.Conv2d, 1, 4, 3, padding=1), LayerSpec(torch.nn.ReLU),
                 LayerSpec(torch.nn.MaxPool2d, 2), LayerSpec(torch.nn.Conv2d, 4, 4, 3, padding=1),
-                LayerSpec(torch.nn.AvgPool2d, 2), _flatten, LayerSpec(torch.nn.Linear, 16, WIDTH)]
+                LayerSpec(torch.nn.AvgPool2d, 2), _flatten, LayerSpec(torch.nn.Linear, 16, WIDTH),
+                LayerSpec(torch.nn.Tanh), LayerSpec(torch.nn.Linear, WIDTH, WIDTH)]
     return [LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh),
             LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh)]
 
@@ -163,8 +164,10 @@ def run_pipe(config, scenario):
     checkpoint = {"activation_checkpoint_interval": 1, "checkpointable_layers": ["Linear"]} \
         if scenario.get("checkpoint") else {}
     stages = torch.distributed.get_world_size() // scenario.get("dp", 1)
+    # Up to 4 stages of the conv net, each with one layer that has parameters (the optimizer needs some).
+    partition = "type:Conv2d|Linear" if layers_kind == "conv" else "uniform"
     module = PipelineModule(layers=_pipeline_layers(layers_kind), num_stages=stages, loss_fn=torch.nn.MSELoss(),
-                            partition_method="uniform", **checkpoint)
+                            partition_method=partition, **checkpoint)
     training_data = _Samples() if scenario.get("training_data") else None
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config,
                                            training_data=training_data)
