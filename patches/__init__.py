@@ -14,11 +14,11 @@ class UnsupportedDeepSpeedVersion(RuntimeError):
     pass
 
 
-def check_version(version=None):
+def check_version(version=None, targets=SUPPORTED_DEEPSPEED):
     version = version or deepspeed.__version__
-    if not version.startswith(SUPPORTED_DEEPSPEED):
+    if not version.startswith(targets):
         raise UnsupportedDeepSpeedVersion(
-            f"patches were written for DeepSpeed {', '.join(v + 'x' for v in SUPPORTED_DEEPSPEED)}; "
+            f"patches were written for DeepSpeed {', '.join(v + 'x' for v in targets)}; "
             f"found {version}. The pipeline FLOPs profiler's config integration is not applied.")
 
 
@@ -27,6 +27,8 @@ def apply():
     if _applied:
         return
     check_version()
-    from patches import flops_profiler_config
-    flops_profiler_config.install()
+    from patches import flops_profiler_config, pipeline_timers, section_timers
+    for patch in (section_timers, flops_profiler_config, pipeline_timers):
+        check_version(targets=patch.TARGETS)
+        patch.install()
     _applied = True

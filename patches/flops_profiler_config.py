@@ -1,6 +1,6 @@
 """Make DeepSpeed's `flops_profiler` config section give our gathered report (DeepSpeed 0.19.x).
 
-What 0.19.8 does (shared/notes/deepspeed-facts.md): the section starts DeepSpeed's FlopsProfiler on
+What 0.19.8 does: the section starts DeepSpeed's FlopsProfiler on
 global rank 0 only, prints it only from DeepSpeedEngine.step(), which PipelineEngine never calls,
 and, by forcing the wall-clock timers on, crashes every pipeline stage but the last ("bwd_microstep
 timer has already been started": _exec_backward_pass starts the backward timers, then the engine's
@@ -8,18 +8,22 @@ own backward prologue starts them again).
 
 What these patches change:
 1. The engine's own FlopsProfiler is never started (flops_profiler_enabled() is False); the
-   section is read directly from the engine's config instead.
+   section is read directly from the engine's config instead, and engine.flops_profiler is our
+   PipelineFlopsProfiler (DeepSpeed's public methods and attributes, measured numbers) on every rank.
 2. PipelineEngine.train_batch, at the section's profile_step (DeepSpeed's meaning: the batch that
    starts when global_steps == profile_step), runs under PipelineFlopsProfiler on every rank of
    every stage, then prints one gathered report from global rank 0, honouring module_depth,
    top_modules, detailed and output_file.
 3. A plain DeepSpeedEngine (no pipeline) gets the same: profiling starts at the first forward of
    profile_step on every rank and ends, with the same report, when step() closes that step.
-4. PipelineEngine's backward prologue and epilogue leave alone the timers that the running
-   pipeline instruction already started, so the section and wall_clock_breakdown no longer crash.
+(The wall-clock timer fixes are pipeline_timers.py and section_timers.py.)
 """
-from deepspeed.runtime.engine import DeepSpeedEngine
+import functools
+
+from deepspeed.runtime.engine import DeepSpeedEngine, EngineTimers
 from deepspeed.runtime.pipe.engine import PipelineEngine
+
+TARGETS = ("0.19.",)
 
 _state = {"flag_step": None}
 
@@ -30,39 +34,90 @@ def yield_to_flag(profile_step):
 
 
 def install():
+    DeepSpeedEngine.__init__ = _with_flops_profiler(DeepSpeedEngine.__init__)
     DeepSpeedEngine.flops_profiler_enabled = _engine_profiler_never_enabled
     DeepSpeedEngine.forward = _profiling_forward(DeepSpeedEngine.forward)
-    PipelineEngine._start_timers = _start_timers_once
-    PipelineEngine._stop_timers = _stop_own_timers
     PipelineEngine.train_batch = _profiling_train_batch(PipelineEngine.train_batch)
 
 
+def wants_profiler(engine):
+    """DeepSpeed builds its FlopsProfiler for these engines: the section is on, or autotuning is."""
+    return engine._config.flops_profiler_config.enabled or engine.autotuning_enabled()
+
+
+def _with_flops_profiler(original_init):
+    """DeepSpeed gap: with flops_profiler_enabled() False, 0.19.8 gives no engine.flops_profiler, which
+    its own tests, the autotuner and user code read. Ours takes its place, on every rank."""
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if not wants_profiler(self):
+            return
+        from megatron.arguments import ArgumentError, exit_on_bad_args
+        try:
+            check_section(self._config.flops_profiler_config)
+        except ArgumentError as error:
+            exit_on_bad_args(str(error))
+        from megatron.profiler import PipelineFlopsProfiler
+        self.flops_profiler = PipelineFlopsProfiler(self)
+        if self.autotuning_enabled() and not self.wall_clock_breakdown():
+            # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().
+            self.engine_timers = EngineTimers(enable_micro_timers=False, enable_global_timers=True)
+
+    return __init__
+
+
+def check_section(section):
+    """Refuse (ArgumentError) what the section asks and our profiler cannot honour."""
+    from megatron.arguments import ArgumentError
+    if section.recompute_fwd_factor:
+        raise ArgumentError(
+            f"flops_profiler.recompute_fwd_factor {section.recompute_fwd_factor:g} is not used: recompute "
+            "FLOPs are measured (recompute_flops in the report); remove the key or set it to 0")
+
+
 def _engine_profiler_never_enabled(self):
+    """DeepSpeed bug: its FlopsProfiler runs on global rank 0 only, from step() only (PipelineEngine never
+    calls it), and miscounts the pipeline: the section is served by our profiler instead."""
     return False
 
 
-def _section_active(engine):
-    """The section asks for this step, and no --profile-flops-step flag overrides it."""
-    config = engine._config.flops_profiler_config
-    return config.enabled and engine.global_steps == config.profile_step and _state["flag_step"] is None
+def _profiling_now(engine):
+    """The section (or autotuning) asks for this step, and no --profile-flops-step flag overrides it."""
+    if _state["flag_step"] is not None or not wants_profiler(engine):
+        return False
+    return engine.global_steps == engine.flops_profiler_profile_step()
 
 
 def _print_and_end(engine, profiler):
-    config = engine._config.flops_profiler_config
-    profiler.print_model_profile(profile_step=config.profile_step, module_depth=config.module_depth,
-                                 top_modules=config.top_modules, detailed=config.detailed,
-                                 output_file=config.output_file)
+    if engine.autotuning_enabled():
+        _set_autotuning_metric(engine, profiler)
+    else:
+        config = engine._config.flops_profiler_config
+        profiler.print_model_profile(profile_step=config.profile_step, module_depth=config.module_depth,
+                                     top_modules=config.top_modules, detailed=config.detailed,
+                                     output_file=config.output_file)
     profiler.end_profile()
+
+
+def _set_autotuning_metric(engine, profiler):
+    """DeepSpeed's _autotuning_exit reads engine.flops as one micro-batch's fwd + bwd FLOPs per GPU (its own
+    profiler guesses 3x the forward); ours is the measured forward + backward."""
+    report = profiler.get_report()
+    totals, layout = report["totals"], report["parallelism"]
+    micro_batches = layout["micro_batches"]
+    gpus = layout["pipeline_parallel_size"] * layout["tensor_parallel_size"]
+    engine.flops = (totals["fwd_flops"] + totals["bwd_flops"]) / (micro_batches * gpus)
+    engine.fwd_duration = totals["fwd_latency_s"] / micro_batches
 
 
 # ---------------------------------------------------------------- PipelineEngine
 def _profiling_train_batch(original_train_batch):
     def train_batch(self, data_iter=None):
-        if not _section_active(self):
+        """DeepSpeed gap: the section's profiler lives in DeepSpeedEngine.step(), which PipelineEngine never calls."""
+        if not _profiling_now(self) or self.flops_profiler.started:  # not twice, if the user profiles it
             return original_train_batch(self, data_iter)
-        from megatron.profiler import PipelineFlopsProfiler
-
-        profiler = PipelineFlopsProfiler(self)
+        profiler = self.flops_profiler
         profiler.start_profile()
         try:
             loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original
@@ -75,36 +130,13 @@ def _profiling_train_batch(original_train_batch):
     return train_batch
 
 
-_engine_start_timers = PipelineEngine._start_timers
-_engine_stop_timers = PipelineEngine._stop_timers
-
-
-def _start_timers_once(self, timer_names):
-    left_to_owner = self.__dict__.setdefault("_timers_left_to_owner", set())
-    to_start = []
-    for name in timer_names:
-        if self.timers(name).started_:
-            left_to_owner.add(name)  # the running instruction started it and will stop it
-        else:
-            to_start.append(name)
-    _engine_start_timers(self, to_start)
-
-
-def _stop_own_timers(self, timer_names):
-    left_to_owner = self.__dict__.get("_timers_left_to_owner", set())
-    to_stop = [name for name in timer_names if name not in left_to_owner]
-    left_to_owner.difference_update(timer_names)
-    _engine_stop_timers(self, to_stop)
-
-
 # ---------------------------------------------------------------- plain DeepSpeedEngine
 def _profiling_forward(original_forward):
     def forward(self, *inputs, **kwargs):
-        if isinstance(self, PipelineEngine) or not _section_active(self):
+        """DeepSpeed gap: the section's profiler counts global rank 0's first forward micro-batch only."""
+        if isinstance(self, PipelineEngine) or not _profiling_now(self) or self.flops_profiler.started:
             return original_forward(self, *inputs, **kwargs)
-        from megatron.profiler import PipelineFlopsProfiler
-
-        profiler = PipelineFlopsProfiler(self)
+        profiler = self.flops_profiler
         profiler.start_profile()  # shadows forward, backward and step on this engine with timed ones
         timed_step = self.step
 

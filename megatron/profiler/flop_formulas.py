@@ -73,6 +73,106 @@ def _register_cpu_attention_formulas():
 _register_cpu_attention_formulas()
 
 
+# ---------------------------------------------------------------- GEMM-class ops torch's registry lacks
+def matrix_vector_flops(mat_shape):
+    """mv / addmv: an (n, m) matrix times an m-vector, 2 flops per multiply-accumulate (the add is not matrix work)."""
+    rows, cols = mat_shape
+    return 2 * rows * cols
+
+
+def addbmm_flops(batch1_shape, batch2_shape):
+    """addbmm: the b products (n, m) @ (m, p) summed into one (n, p): 2 * b * n * m * p."""
+    batches, n, m = batch1_shape
+    return 2 * batches * n * m * batch2_shape[-1]
+
+
+def grouped_mm_flops(self_shape, mat2_shape, out_shape):
+    """_grouped_mm: per group a GEMM. With a 3-d operand (groups stacked, or offsets slicing the 2-d one
+    along M or N) every output element contracts over self's last dim; 2-d x 2-d slices K by the offsets
+    into a (groups, M, N) output, so the contractions add up to M * K_total * N."""
+    if len(self_shape) == 2 and len(mat2_shape) == 2:
+        return 2 * self_shape[0] * self_shape[1] * mat2_shape[1]
+    out_elements = 1
+    for size in out_shape:
+        out_elements *= size
+    return 2 * out_elements * self_shape[-1]
+
+
+def dot_flops(a_shape):
+    return 2 * a_shape[0]
+
+
+def _register_gemm_class_formulas():
+    formulas = {
+        aten.mv: lambda mat_shape, vec_shape, *args, out_shape=None, **kwargs: matrix_vector_flops(mat_shape),
+        aten.addmv: lambda self_shape, mat_shape, vec_shape, *args, out_shape=None, **kwargs:
+            matrix_vector_flops(mat_shape),
+        aten.addbmm: lambda self_shape, batch1_shape, batch2_shape, *args, out_shape=None, **kwargs:
+            addbmm_flops(batch1_shape, batch2_shape),
+        aten._grouped_mm: lambda self_shape, mat2_shape, *args, out_shape=None, **kwargs:
+            grouped_mm_flops(self_shape, mat2_shape, out_shape),
+        aten.dot: lambda a_shape, b_shape, *args, out_shape=None, **kwargs: dot_flops(a_shape),
+        aten.vdot: lambda a_shape, b_shape, *args, out_shape=None, **kwargs: dot_flops(a_shape),
+    }
+    for packet, formula in formulas.items():
+        if packet not in flop_counter.flop_registry:  # a newer torch keeps its own
+            flop_counter.register_flop_formula(packet)(formula)
+
+
+_register_gemm_class_formulas()
+
+
+# ---------------------------------------------------------------- inference fast paths
+# Under no_grad / inference_mode, nn.MultiheadAttention and nn.TransformerEncoderLayer call fused kernels
+# instead of the linear / attention ops they run with autograd on. The formulas count the same GEMMs, so
+# a profile does not depend on the grad mode.
+def multi_head_attention_flops(query_shape, key_shape, embed_dim):
+    """Batch-first (B, L, E) query, (B, S, E) key/value: the q, k, v projections, Q K^T and P V over all
+    heads together (the head dims add up to E), and the output projection."""
+    batch, q_len = query_shape[0], query_shape[1]
+    kv_len = key_shape[1]
+    projections = 2 * embed_dim * embed_dim * (batch * q_len + 2 * batch * kv_len)
+    attention = 4 * batch * q_len * kv_len * embed_dim
+    output = 2 * batch * q_len * embed_dim * embed_dim
+    return projections + attention + output
+
+
+def _register_fast_path_formulas():
+    if aten._native_multi_head_attention not in flop_counter.flop_registry:
+        @flop_counter.register_flop_formula(aten._native_multi_head_attention)
+        def _native_mha(query_shape, key_shape, value_shape, embed_dim, *args, out_shape=None, **kwargs):
+            return multi_head_attention_flops(query_shape, key_shape, embed_dim)
+
+    if aten._transformer_encoder_layer_fwd not in flop_counter.flop_registry:
+        @flop_counter.register_flop_formula(aten._transformer_encoder_layer_fwd)
+        def _encoder_layer(src_shape, embed_dim, num_heads, qkv_weight_shape, qkv_bias_shape, proj_weight_shape,
+                           proj_bias_shape, use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
+                           norm_bias_2, ffn_weight_1_shape, *args, out_shape=None, **kwargs):
+            batch, length = src_shape[0], src_shape[1]
+            ffn = 2 * 2 * batch * length * embed_dim * ffn_weight_1_shape[0]  # two Linear layers
+            return multi_head_attention_flops(src_shape, src_shape, embed_dim) + ffn
+
+
+_register_fast_path_formulas()
+
+
+# Name tokens of aten ops that do matrix-class work (GEMM, convolution, attention, recurrent cells,
+# linear algebra). An op with one of them and no formula is reported as uncounted, never silently 0.
+_MATRIX_TOKENS = frozenset((
+    "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "addr", "linear",
+    "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "linalg", "convolution"))
+
+
+def is_matrix_class(op_name):
+    """op_name: an aten packet's name, e.g. '_weight_int8pack_mm' or 'mkldnn_convolution'."""
+    if op_name.startswith("upsample"):  # upsample_bilinear2d and co. interpolate; no GEMM
+        return False
+    for token in op_name.strip("_").split("_"):
+        if token in _MATRIX_TOKENS or (token.startswith("conv") and not token.startswith("convert")):
+            return True
+    return False
+
+
 # ---------------------------------------------------------------- per-module formulas
 MATRIX, OTHER = "matrix", "other"
 

@@ -32,6 +32,11 @@ class InstructionTimer:
                 self.events.append((name, kwargs, start, end))
         return run
 
+    def reset(self):
+        self.totals.clear()
+        self.counts.clear()
+        self.events = []
+
     def install(self):
         instruction_map = type(self.engine)._INSTRUCTION_MAP
         self.engine._INSTRUCTION_MAP = {

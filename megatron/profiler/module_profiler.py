@@ -46,7 +46,7 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megatron.profiler.flop_formulas import MATRIX, module_flops_for
+from megatron.profiler.flop_formulas import MATRIX, is_matrix_class, module_flops_for
 from megatron.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -63,7 +63,7 @@ class UncountedOp:
 
 class _Node:
     """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
-    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula",
+    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula", "ignored",
                  "flops", "other_flops", "latency_s", "calls", "active", "since", "wall_since", "open_calls")
 
     def __init__(self, name, module_type, ancestors, formula):
@@ -73,6 +73,7 @@ class _Node:
         # dotted names below the root ("3.self_attention"); the root is known by its own name
         self.path = ".".join(a.name for a in ancestors[1:] + (self,)) if ancestors else name
         self.params = 0
+        self.ignored = False  # a type in start_profile's ignore_list: measured, left out of the tree
         self.children = []
         self.flops = [0, 0, 0]
         self.other_flops = [0, 0, 0]
@@ -108,25 +109,55 @@ class _Call:
         self.pending_bwd = None  # (counter list, flops) of a module formula, credited when backward runs
 
 
+# The formula cache's values beyond formulas and None: a matrix-class op without a formula (counted as
+# a call, not as FLOPs), and a composite op to run as its decomposition (below).
+UNCOUNTED = object()
+DECOMPOSE = object()
+
+
 class _FormulaCache(dict):
-    """aten overload -> torch's FLOP formula for its packet, or None: one dict lookup per op."""
+    """aten overload -> torch's FLOP formula for its packet, UNCOUNTED, DECOMPOSE or None: one dict lookup
+    per op."""
 
     def __missing__(self, func):
-        formula = flop_counter.flop_registry.get(getattr(func, "_overloadpacket", None))
+        packet = getattr(func, "_overloadpacket", None)
+        formula = flop_counter.flop_registry.get(packet)
+        if formula is None and _has_composite_kernel(func):
+            formula = DECOMPOSE
+        elif formula is None and packet is not None and is_matrix_class(packet.__name__):
+            formula = UNCOUNTED
         self[func] = formula
         return formula
 
 
+def _has_composite_kernel(func):
+    """Under inference_mode, composite ops (linear, matmul, einsum, conv2d) reach the mode whole instead of
+    as the mm / bmm / convolution they run as; their decomposition runs the same kernels (torch's own
+    FlopCounterMode decomposes them too), so the count does not depend on the grad mode."""
+    if not isinstance(func, torch._ops.OpOverload):  # higher-order ops have no dispatcher entry
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
 class _FlopCountingMode(TorchDispatchMode):
-    def __init__(self, credit):
+    def __init__(self, credit, uncounted):
         super().__init__()
         self.formulas = _FormulaCache()
         self.credit = credit
+        self.uncounted = uncounted
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
         formula = self.formulas[func]
-        if formula is not None:
+        if formula is DECOMPOSE:
+            with self:  # the decomposition's ops come back here to be counted
+                out = func.decompose(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
+            formula = None
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if formula is UNCOUNTED:
+            self.uncounted(func)
+        elif formula is not None:
             self.credit(formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out))
         return out
 
@@ -205,8 +236,12 @@ def _build_tree(root, root_name):
 
 
 def _node_dict(node):
-    children = [_node_dict(child) for child in node.children]
-    out = {"name": node.name, "type": node.type, "params": node.params}
+    """The node, inclusive, without its ignored subtrees: their flops, latencies and params leave the
+    ancestors' totals too (the work was credited to the ignored nodes, which are simply not added)."""
+    kept = [child for child in node.children if not child.ignored]
+    children = [_node_dict(child) for child in kept]
+    own_params = node.params - sum(child.params for child in node.children)
+    out = {"name": node.name, "type": node.type, "params": own_params + sum(child["params"] for child in children)}
 
     def inclusive(field, own):
         out[field] = own + sum(child[field] for child in children)
@@ -228,12 +263,18 @@ def _no_sync():
 
 
 class ModuleProfiler:
-    def __init__(self, root, synchronize=None, root_name=None):
+    def __init__(self, root, synchronize=None, root_name=None, ignore_types=()):
+        """ignore_types: module classes left out of the profile (DeepSpeed's ignore_list): exact types, as
+        DeepSpeed matches them; the root is always kept."""
         self.root_module = root
         self._synchronize = synchronize or _no_sync
         self._root, self._pairs = _build_tree(root, root_name or type(root).__name__)
+        ignore_types = tuple(ignore_types or ())
+        for module, node in self._pairs:
+            node.ignored = node is not self._root and type(module) in ignore_types
         self._node_of = {id(module): node for module, node in self._pairs}
-        self._mode = _FlopCountingMode(self._credit)
+        self._mode = _FlopCountingMode(self._credit, self._count_uncounted)
+        self._uncounted = {}  # (op name, phase) -> calls
         self._module_hooks = []
         self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
         self._watched_tasks = set()
@@ -280,6 +321,7 @@ class ModuleProfiler:
             node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
             node.wall_since[:] = [now, now, now]
         self._events = []
+        self._uncounted = {}
 
     def tree(self):
         return _node_dict(self._root)
@@ -289,11 +331,13 @@ class ModuleProfiler:
         had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
         string objects repeat for a module, so pickling the list sends each path once."""
         return [(node.path, node.type, len(node.ancestors), PHASE_PREFIXES[phase], start, end)
-                for node, phase, start, end in self._events]
+                for node, phase, start, end in self._events
+                if not node.ignored and not any(a.ignored for a in node.ancestors)]
 
     def uncounted_ops(self):
-        """[UncountedOp] seen while counting, sorted by (op, phase). Filled in by the op classifier."""
-        return []
+        """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""
+        return [UncountedOp(op=op, phase=PHASE_PREFIXES[phase], calls=calls)
+                for (op, phase), calls in sorted(self._uncounted.items())]
 
     def totals(self):
         tree = self.tree()
@@ -311,6 +355,10 @@ class ModuleProfiler:
         stack = self._stack
         node = stack[-1].node if stack else self._root
         node.flops[current_phase()] += flops
+
+    def _count_uncounted(self, func):
+        key = (str(func), current_phase())
+        self._uncounted[key] = self._uncounted.get(key, 0) + 1
 
     # ------------------------------------------------------------------ the stack
     def _now(self):

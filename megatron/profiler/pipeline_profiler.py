@@ -17,6 +17,7 @@ clock's offset to rank 0's (measure_clock_offset), so that the stages' events sh
 the bubble analysis and the Chrome trace (trace.py) use it. The trace's module slices are gathered
 to rank 0 only (they are many and only rank 0 writes).
 """
+import dataclasses
 import functools
 import time
 
@@ -28,7 +29,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from megatron.profiler.instruction_timer import InstructionTimer
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.peaks import peak_tflops_for
-from megatron.profiler.printer import format_report
+from megatron.profiler.printer import duration_to_string, format_report, number_to_string, params_to_string
 from megatron.profiler.report import build_report, write_json
 from megatron.profiler.trace import build_trace, write_trace
 
@@ -59,15 +60,20 @@ class PipelineFlopsProfiler:
         self._report = None
         self._entries = None
         self.started = False
+        # DeepSpeed's FlopsProfiler attributes, set when a report is built (print_model_profile, get_report).
+        self.flops = self.macs = self.params = None
 
     # ------------------------------------------------------------------ measuring
     def start_profile(self, ignore_list=None):
-        """Install every hook and timer; local to this rank (no collective)."""
+        """Install every hook and timer; local to this rank (no collective).
+
+        ignore_list: module types left out of the profile, as in DeepSpeed (their flops, latencies and
+        params are not in the report, nor in their ancestors' totals)."""
         if self.started:
             return
         module = self.engine.module
         self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
-                                              root_name=type(module).__name__)
+                                              root_name=type(module).__name__, ignore_types=ignore_list)
         self.instruction_timer = InstructionTimer(self.engine, self.accelerator.synchronize)
         if self.is_pipeline:
             self._credit_tied_forward_fns(module)
@@ -81,10 +87,12 @@ class PipelineFlopsProfiler:
             self.accelerator.reset_peak_memory_stats()
         self._report = None
         self._train_batch_s = 0.0
+        self._skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
         self.module_profiler.start()
         self.accelerator.synchronize()
         self._window = [time.perf_counter(), None]
         self.started = True
+        self.engine.flops_profiling_active = True  # patches fix DeepSpeed's timers for profiled engines
 
     def stop_profile(self):
         if not self.started:
@@ -97,6 +105,7 @@ class PipelineFlopsProfiler:
     def end_profile(self):
         """Remove every hook, wrapper and swapped function: the engine runs as if never profiled."""
         self.stop_profile()
+        self.engine.__dict__.pop("flops_profiling_active", None)
         for restore in reversed(self._restore_engine_methods):
             restore()
         self._restore_engine_methods = []
@@ -164,8 +173,10 @@ class PipelineFlopsProfiler:
         return {
             "global_rank": dist.get_rank(), "stage_id": stage_id, "tp_rank": tp_rank, "dp_rank": dp_rank,
             "modules": tree, "instructions": self.instruction_timer.as_dict(),
+            "uncounted_ops": [dataclasses.asdict(op) for op in self.module_profiler.uncounted_ops()],
             "train_batch_latency_s": train_batch_s, "peak_memory_bytes": peak,
-            "events": [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.instruction_timer.events],
+            "events": [(name, _plain(kwargs), start, end)
+                       for name, kwargs, start, end in self.instruction_timer.events],
         }
 
     def _meta(self, profile_step):
@@ -190,6 +201,8 @@ class PipelineFlopsProfiler:
             "micro_batch_size": engine.train_micro_batch_size_per_gpu(), "seq_length": self.seq_length,
             "activation_checkpointing": checkpointing, "analytic": self.analytic,
             "peak_tflops": peak, "device_name": device_name, "dtype": dtype,
+            # fp16 loss scaling skips the update of a step whose gradients overflowed: timed, but no update
+            "optimizer_step_skipped": getattr(engine, "skipped_steps", 0) > getattr(self, "_skipped_steps_before", 0),
         }
 
     def get_report(self, profile_step=None):
@@ -201,7 +214,50 @@ class PipelineFlopsProfiler:
             dist.all_gather_object(entries, entry)
             self._report = build_report(entries, self._meta(profile_step))
             self._entries = entries
+            self.flops, self.macs, self.params = self.get_total_flops(), self.get_total_macs(), self.get_total_params()
         return self._report
+
+    # ------------------------------------------------------------------ DeepSpeed's FlopsProfiler getters
+    # DeepSpeed's meaning: forward FLOPs, MACs and forward duration of the profiled model, and its params.
+    # Once a report is built (after the profiled step), they are the gathered whole-model values, the same
+    # on every rank: one replica, every micro-batch of the step. Before that, this rank's own counts so far.
+    # They never gather, so one rank may call them alone.
+    def _totals(self):
+        if self._report is not None:
+            totals = self._report["totals"]
+            return totals["fwd_flops"], totals["params"], totals["fwd_latency_s"]
+        if self.module_profiler is None:
+            return 0, 0, 0.0
+        tree = self.module_profiler.tree()
+        return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
+
+    def get_total_flops(self, as_string=False):
+        flops = self._totals()[0]
+        return _with_unit(number_to_string(flops), "FLOPS") if as_string else flops
+
+    def get_total_macs(self, as_string=False):
+        """Matrix work is 2 FLOPs per multiply-accumulate, so MACs are half the forward FLOPs."""
+        macs = self._totals()[0] // 2
+        return _with_unit(number_to_string(macs), "MACs") if as_string else macs
+
+    def get_total_params(self, as_string=False):
+        params = self._totals()[1]
+        return params_to_string(params) if as_string else params
+
+    def get_total_duration(self, as_string=False):
+        duration = self._totals()[2]
+        return duration_to_string(duration) if as_string else duration
+
+    def reset_profile(self):
+        """Zero the counts and timings gathered so far; profiling, if started, goes on."""
+        if self.module_profiler is not None:
+            self.module_profiler.reset()
+        if self.instruction_timer is not None:
+            self.instruction_timer.reset()
+        self._report = None
+        self._train_batch_s = 0.0
+        if self.started:
+            self._window = [time.perf_counter(), None]
 
     def print_model_profile(self, profile_step=None, module_depth=-1, top_modules=1, detailed=True, output_file=None):
         """Collective. Global rank 0 prints the report (or writes it to output_file)."""
@@ -283,7 +339,8 @@ def _coordinates(engine):
 def _parallel_sizes(engine):
     if isinstance(engine, PipelineEngine):
         grid = engine.grid
-        return grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(), grid.get_data_parallel_world_size()
+        return (grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(),
+                grid.get_data_parallel_world_size())
     mpu = engine.mpu
     tp = mpu.get_model_parallel_world_size() if mpu is not None else 1
     return 1, tp, dist.get_world_size() // tp
@@ -319,6 +376,10 @@ def _annotate_replicated_params(module, node):
 def _unpatched(method):
     """patches wraps the engines' train_batch, forward and step; the profiler itself runs the originals."""
     return getattr(method, "__wrapped__", method)
+
+
+def _with_unit(text, unit):
+    return f"{text}{unit}" if text[-1].isalpha() else f"{text} {unit}"
 
 
 def _plain(kwargs):

@@ -68,6 +68,22 @@ def _notations(report):
     return lines + [""]
 
 
+def _uncounted_lines(report, line):
+    ops = report.get("uncounted_ops") or []
+    if not ops:
+        return []
+    listed = ", ".join(f"{op['op']} x{op['calls']} ({op['phase']})" for op in ops)
+    return [line("uncounted ops", f"{listed}: no FLOP formula, left out of the flops (shown as >=)")]
+
+
+def _flops_of_model(report, prefix):
+    """A phase with uncounted ops did at least this much: never shown as an exact number."""
+    text = number_to_string(report["totals"][f"{prefix}_flops"])
+    if any(op["phase"] == prefix for op in report.get("uncounted_ops") or ()):
+        return ">= " + text
+    return text
+
+
 def _summary(report):
     totals, par = report["totals"], report["parallelism"]
     pp, tp, dp = par["pipeline_parallel_size"], par["tensor_parallel_size"], par["data_parallel_size"]
@@ -83,6 +99,8 @@ def _summary(report):
         line("micro-batches * micro-batch size (per replica)", f"{par['micro_batches']} * {par['micro_batch_size']}"),
         line("seq length", par["seq_length"] if par.get("seq_length") else "n/a"),
         line("activation checkpointing", "yes" if report["activation_checkpointing"] else "no"),
+        *([line("optimizer step", "skipped (fp16 loss-scale overflow): no update in the step latency")]
+          if report.get("optimizer_step_skipped") else []),
         line("device, dtype, dense peak", f"{device['name']}, {device['dtype']}, "
              + (f"{device['peak_tflops']:g} TFLOPS" if device["peak_tflops"] else "unknown")),
     ]
@@ -90,12 +108,15 @@ def _summary(report):
               for s in report["stages"]]
     lines += [
         line("params of model (tp shards summed, replicated and tied params once)", params_to_string(totals["params"])),
-        line("fwd flops of model", number_to_string(totals["fwd_flops"])),
-        line("bwd flops of model", number_to_string(totals["bwd_flops"])),
-        line("recompute flops of model", number_to_string(totals["recompute_flops"])),
+        line("fwd flops of model", _flops_of_model(report, "fwd")),
+        line("bwd flops of model", _flops_of_model(report, "bwd")),
+        line("recompute flops of model", _flops_of_model(report, "recompute")),
+        *_uncounted_lines(report, line),
         line("fwd / bwd / recompute flops per GPU = flops of model / (pp * tp)",
-             " / ".join(number_to_string(totals[k] / (pp * tp)) for k in ("fwd_flops", "bwd_flops", "recompute_flops"))),
-        line(f"fwd latency (ForwardPass of stage {bounding}, the bounding stage)", duration_to_string(totals["fwd_latency_s"])),
+             " / ".join(number_to_string(totals[k] / (pp * tp))
+                        for k in ("fwd_flops", "bwd_flops", "recompute_flops"))),
+        line(f"fwd latency (ForwardPass of stage {bounding}, the bounding stage)",
+             duration_to_string(totals["fwd_latency_s"])),
         line(f"bwd latency (BackwardPass of stage {bounding})", duration_to_string(totals["bwd_latency_s"])),
         line(f"step latency (OptimizerStep of stage {bounding})", duration_to_string(totals["step_latency_s"])),
         line("iter latency = largest stage train_batch time", duration_to_string(totals["iter_latency_s"])),
@@ -107,14 +128,16 @@ def _summary(report):
         line("tokens/second = samples/second * seq length",
              f"{totals['tokens_per_s']:.2f}" if totals.get("tokens_per_s") is not None else "n/a: seq length unknown"),
         line("MFU = model FLOPS per GPU / dense peak of the device",
-             f"{100 * totals['mfu']:.2f}%" if totals["mfu"] is not None else "n/a: device peak unknown, pass --peak-tflops"),
+             f"{100 * totals['mfu']:.2f}%" if totals["mfu"] is not None
+             else "n/a: device peak unknown, pass --peak-tflops"),
     ]
     if totals.get("analytic") is not None:
         analytic = totals["analytic"]
         lines += [
             line("analytic flops of model (Megatron-LM formula)",
                  f"{number_to_string(totals['analytic_flops'])} (fwd {number_to_string(analytic['fwd_flops'])} + "
-                 f"bwd {number_to_string(analytic['bwd_flops'])} + recompute {number_to_string(analytic['recompute_flops'])})"),
+                 f"bwd {number_to_string(analytic['bwd_flops'])} + "
+                 f"recompute {number_to_string(analytic['recompute_flops'])})"),
             line("measured flops of model (fwd + bwd + recompute)", number_to_string(model_flops)),
             line("measured / analytic", f"{totals['measured_over_analytic']:.4f}"),
         ]

@@ -3,7 +3,9 @@
 The contract is specs/flops-profile.md and flops-profile.schema.json (beside this file, loaded by
 path relative to this module; an installed wheel needs it as package data). Beyond the schema the
 report carries:
-- top level: `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
+- top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update),
+  `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
+  `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
   carry no schedule events) and `notes` (the formulas used; the printer's Notations block);
 - per stage: params_per_gpu, train_batch_latency_max_dp_s (over all data-parallel replicas),
@@ -397,14 +399,26 @@ def build_report(rank_entries, meta):
             "seq_length": seq,
         },
         "activation_checkpointing": bool(meta["activation_checkpointing"]),
+        "optimizer_step_skipped": bool(meta.get("optimizer_step_skipped", False)),
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
+        "uncounted_ops": _uncounted_ops(replica),
         "bounding_stage": bounding["stage_id"],
         "bubble": bubble_analysis(stages, compute_s, bounding, int(meta["micro_batches"]), span) if span else None,
         "stages": stages,
         "model_tree": model_tree,
         "notes": dict(NOTES),
     }
+
+
+def _uncounted_ops(replica):
+    """The replica's matrix-class ops without a formula, calls summed over its ranks, sorted by (op, phase)."""
+    calls = {}
+    for entry in replica:
+        for op in entry.get("uncounted_ops", ()):
+            key = (op["op"], op["phase"])
+            calls[key] = calls.get(key, 0) + int(op["calls"])
+    return [{"op": op, "phase": phase, "calls": n} for (op, phase), n in sorted(calls.items())]
 
 
 def profile_scalars(report):

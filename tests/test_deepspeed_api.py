@@ -1,0 +1,52 @@
+"""DeepSpeed's profiler API details that need no process group: ignore_list, the section's refused key,
+and the per-patch version check."""
+import pytest
+import torch
+from deepspeed.profiling.config import DeepSpeedFlopsProfilerConfig
+
+import patches
+from megatron.arguments import ArgumentError
+from megatron.profiler.module_profiler import ModuleProfiler
+from patches import flops_profiler_config, pipeline_timers, section_timers
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                               torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+
+
+def _tree(ignore_types):
+    model = _model()
+    profiler = ModuleProfiler(model, ignore_types=ignore_types)
+    profiler.start()
+    model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    profiler.stop()
+    profiler.remove()
+    return profiler.tree()
+
+
+def test_ignore_list_leaves_module_types_out_of_the_profile():
+    full = _tree(())
+    assert (full["params"], full["fwd_flops"]) == (4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2, 2 * 3 * (4 * 8 + 8 * 8 + 8 * 2))
+    no_inner = _tree((torch.nn.Sequential,))  # the root is kept; the inner Sequential and its layers go
+    assert [child["name"] for child in no_inner["children"]] == ["0", "1"]
+    assert (no_inner["params"], no_inner["fwd_flops"]) == (4 * 8 + 8, 2 * 3 * 4 * 8)
+    assert no_inner["bwd_flops"] == full["children"][0]["bwd_flops"]
+    no_linear = _tree((torch.nn.Linear,))
+    assert (no_linear["params"], no_linear["fwd_flops"], no_linear["bwd_flops"]) == (0, 0, 0)
+
+
+def test_recompute_fwd_factor_is_refused_in_one_line():
+    flops_profiler_config.check_section(DeepSpeedFlopsProfilerConfig({"flops_profiler": {"enabled": True}}))
+    section = DeepSpeedFlopsProfilerConfig({"flops_profiler": {"enabled": True, "recompute_fwd_factor": 1.0}})
+    with pytest.raises(ArgumentError, match="recompute_fwd_factor 1 is not used") as error:
+        flops_profiler_config.check_section(section)
+    assert "\n" not in str(error.value)
+
+
+def test_every_patch_names_the_deepspeed_versions_it_targets():
+    for patch in (section_timers, flops_profiler_config, pipeline_timers):
+        assert patch.TARGETS and all(version.endswith(".") for version in patch.TARGETS)
+        patches.check_version("0.19.8", targets=patch.TARGETS)
+    with pytest.raises(patches.UnsupportedDeepSpeedVersion, match="found 0.20.0"):
+        patches.check_version("0.20.0", targets=section_timers.TARGETS)
