@@ -1,11 +1,12 @@
-"""Turn the gathered per-rank measurements into the profile report (schema_version 1).
+"""Turn the gathered per-rank measurements into the profile report (schema_version 2).
 
 The contract is specs/flops-profile.md and flops-profile.schema.json (beside this file, loaded by
 path relative to this module; an installed wheel needs it as package data). Beyond the schema the
 report carries:
 - top level: `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
-  carry no schedule events) and `notes` (the formulas used; the printer's Notations block);
+  carry no schedule events), `stragglers` (stragglers.py: each stage's timings over the data-parallel
+  replicas) and `notes` (notes.py: the formulas used; the printer's Notations block);
 - per stage: params_per_gpu, train_batch_latency_max_dp_s (over all data-parallel replicas),
   comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share,
   tflops_per_gpu (the stage's fwd + bwd + recompute flops / iter latency / tp);
@@ -18,14 +19,17 @@ import json
 import os
 import tempfile
 
-SCHEMA_VERSION = 1
+from megatron.profiler.notes import NOTES
+from megatron.profiler.phases import phase_fields
+from megatron.profiler.stragglers import RankSample, straggler_view
+
+SCHEMA_VERSION = 2
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops-profile.schema.json")
 
 # Node fields that are counts (exact ints) and those that are seconds.
-FLOP_FIELDS = ("fwd_flops", "bwd_flops", "recompute_flops",
-               "fwd_other_flops", "bwd_other_flops", "recompute_other_flops")
-CALL_FIELDS = ("fwd_calls", "bwd_calls", "recompute_calls")
-LATENCY_FIELDS = ("fwd_latency_s", "bwd_latency_s", "recompute_latency_s")
+FLOP_FIELDS = phase_fields("flops") + phase_fields("other_flops")
+CALL_FIELDS = phase_fields("calls")
+LATENCY_FIELDS = phase_fields("latency_s")
 
 # The pipeline schedule's instructions, in the order a 1F1B step meets them.
 INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendActivation",
@@ -33,46 +37,6 @@ INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendAct
                      "OptimizerStep")
 COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 REDUCE_INSTRUCTIONS = ("ReduceGrads", "ReduceTiedGrads")
-
-# What every number means; the printer shows these as its Notations block, so the printed formulas
-# are the ones used here.
-NOTES = {
-    "replica": "one iteration (all micro-batches) of one data-parallel replica (the ranks with dp rank 0)",
-    "flops": "matrix work only (GEMM, attention, convolution), 2 flops per multiply-accumulate; "
-             "fwd = forward pass, bwd = backward kernels as executed, "
-             "recompute = forward re-run inside backward by activation checkpointing",
-    "stage_merge": "a stage's counts are summed over its tp ranks, its times are the largest over them "
-                   "(module latencies all from the rank slowest in that phase), "
-                   "instruction and module call counts are one rank's",
-    "params": "params of model = sum over stages of the tp shards' params, parameters replicated over tp "
-              "(norms, row-parallel biases) and tied modules counted once",
-    "params_per_gpu": "params per GPU = a stage's parameters held by one rank (largest over its tp ranks)",
-    "flops_per_gpu": "flops per GPU = flops of model / (pp * tp)",
-    "latency": "fwd / bwd / step latency = total time of the ForwardPass / BackwardPass / OptimizerStep "
-               "instructions of the bounding stage",
-    "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
-    "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
-    "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp) / 1e12",
-    "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp) / 1e12",
-    "samples_per_s": "samples/s = micro-batches * micro-batch size * dp / iter latency; "
-                     "tokens/s = samples/s * seq length",
-    "mfu": "MFU = model TFLOPS per GPU / the device's dense peak TFLOPS",
-    "analytic": "analytic flops = Megatron-LM formula for this iteration, one replica (fwd + bwd + recompute); "
-                "ratio = measured (fwd + bwd + recompute) / analytic",
-    "comm_s": "comm+wait = Send*/Recv* instructions, including waiting for the neighbouring stage",
-    "other_s": "other = train_batch time outside every instruction (at least 0)",
-    "busy_share": "share = (fwd + bwd + step) / iter latency",
-    "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
-                  "(tied) has its params once and its flops, calls and latencies summed over stages",
-    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / iter latency / tp / 1e12",
-    "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
-              "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
-              "tp rank, "
-              "ideal 1F1B idle fraction = (pp - 1) / (micro-batches + pp - 1); "
-              "wait for the bounding stage = its fwd + bwd + step - the stage's",
-    "clock_sync": "clock alignment = each rank pings rank 0 over gloo; offset = midpoint of the shortest round "
-                  "trip, error at most half that round trip",
-}
 
 
 def load_schema():
@@ -280,7 +244,7 @@ def bubble_analysis(stages, compute_s, bounding, micro_batches, span):
             "bounding_stage": bounding["stage_id"], "stages": rows}
 
 
-def _build_stage(stage_id, entries, all_dp_entries):
+def _build_stage(stage_id, entries, train_batch_max_dp_s):
     trees = [_clean_node(e["modules"]) for e in entries]
     modules = merge_tp_trees(trees)
     instructions = _merge_instructions([e["instructions"] for e in entries])
@@ -302,7 +266,7 @@ def _build_stage(stage_id, entries, all_dp_entries):
         "bwd_latency_s": bwd_s,
         "step_latency_s": step_s,
         "train_batch_latency_s": train_batch_s,
-        "train_batch_latency_max_dp_s": max(float(e["train_batch_latency_s"]) for e in all_dp_entries),
+        "train_batch_latency_max_dp_s": train_batch_max_dp_s,
         "comm_s": _instruction_s(instructions, COMM_INSTRUCTIONS),
         "reduce_s": _instruction_s(instructions, REDUCE_INSTRUCTIONS),
         "load_s": _instruction_s(instructions, ("LoadMicroBatch",)),
@@ -328,16 +292,39 @@ def _check_layout(rank_entries, meta):
         raise ValueError("the entries' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
 
 
-def build_report(rank_entries, meta):
-    """The report dict (schema_version 1 plus documented extras) from every rank's entry and `meta`."""
-    _check_layout(rank_entries, meta)
+def _check_replica(replica_entries, samples, meta):
+    """The gathered form: replica 0's entries (one per stage and tp rank) and every rank's sample."""
+    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
+    if pp * tp * dp != meta["world_size"]:
+        raise ValueError(f"pp {pp} x tp {tp} x dp {dp} != world size {meta['world_size']}")
+    coords = sorted((e["stage_id"], e["tp_rank"], e["dp_rank"]) for e in replica_entries)
+    if coords != [(s, t, 0) for s in range(pp) for t in range(tp)]:
+        raise ValueError("the entries' (stage, tp rank) do not cover replica 0's pp x tp grid once each")
+    if sorted(s.global_rank for s in samples) != list(range(meta["world_size"])):
+        raise ValueError(f"need one sample from each of the {meta['world_size']} ranks")
+    coords = sorted((s.stage_id, s.tp_rank, s.dp_rank) for s in samples)
+    if coords != [(s, t, d) for s in range(pp) for t in range(tp) for d in range(dp)]:
+        raise ValueError("the samples' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
+
+
+def build_report(rank_entries, meta, samples=None):
+    """The report dict (schema_version 2 plus documented extras) from the entries and `meta`.
+
+    rank_entries: every rank's entry (samples None: the straggler scalars are read from them), or
+    replica 0's entries only with `samples`, every rank's RankSample (what gather.py collects)."""
+    if samples is None:
+        _check_layout(rank_entries, meta)
+        samples = [RankSample.from_entry(e) for e in rank_entries]
+        rank_entries = [e for e in rank_entries if e["dp_rank"] == 0]
+    else:
+        _check_replica(rank_entries, samples, meta)
     pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
     stages = []
     for stage_id in range(pp):
-        on_stage = [e for e in rank_entries if e["stage_id"] == stage_id]
-        replica = sorted((e for e in on_stage if e["dp_rank"] == 0), key=lambda e: e["tp_rank"])
-        stages.append(_build_stage(stage_id, replica, on_stage))
-    replica = [e for e in rank_entries if e["dp_rank"] == 0]
+        replica = sorted((e for e in rank_entries if e["stage_id"] == stage_id), key=lambda e: e["tp_rank"])
+        max_dp_s = max(s.train_batch_s for s in samples if s.stage_id == stage_id)
+        stages.append(_build_stage(stage_id, replica, max_dp_s))
+    replica = rank_entries
     span = _schedule_span(replica)
     compute_s = {stage_id: max(_instruction_s(e["instructions"], ("ForwardPass", "BackwardPass"))
                                for e in replica if e["stage_id"] == stage_id) for stage_id in range(pp)}
@@ -403,6 +390,7 @@ def build_report(rank_entries, meta):
         "bubble": bubble_analysis(stages, compute_s, bounding, int(meta["micro_batches"]), span) if span else None,
         "stages": stages,
         "model_tree": model_tree,
+        "stragglers": straggler_view(samples, pp, dp),
         "notes": dict(NOTES),
     }
 

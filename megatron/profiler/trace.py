@@ -12,12 +12,13 @@ Layout, for the reported data-parallel replica (dp rank 0):
   of the receive.
 
 Times are microseconds from the earliest instruction. Each rank's perf_counter is moved onto global
-rank 0's by the offset measured when the report was gathered (pipeline_profiler.measure_clock_offset);
+rank 0's by the offset measured when the report was gathered (gather.measure_clock_offset);
 otherData.clock_sync holds every offset and its error bound.
 """
 import bisect
 from collections import defaultdict
 
+from megatron.profiler.notes import CLOCK_SYNC
 from megatron.profiler.report import write_json
 
 INSTRUCTION_CATEGORY = "instruction"
@@ -26,8 +27,7 @@ MICRO_BATCH_INSTRUCTIONS = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "Se
                             "RecvActivation", "SendGrad", "RecvGrad")
 # send -> (stage step to its receiver, the receiving instruction, what travels)
 FLOWS = {"SendActivation": (1, "RecvActivation", "activation"), "SendGrad": (-1, "RecvGrad", "gradient")}
-CLOCK_SYNC_METHOD = ("each rank pings global rank 0 over gloo; offset = midpoint of the shortest of "
-                     "the round trips, error bound = half that round trip")
+CLOCK_SYNC_METHOD = CLOCK_SYNC
 
 
 def module_category(phase):
