@@ -1,5 +1,7 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from megatron.profiler.notes import STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
 from megatron.profiler.report import aggregate_by_depth
+from megatron.profiler.stragglers import METRICS
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78
@@ -135,7 +137,7 @@ def _stage_table(report):
                     + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
                                                           "comm_s", "other_s", "train_batch_latency_s")]
                     + [f"{100 * s['busy_share']:.2f}%", flops_rate_to_string(s["tflops_per_gpu"] * 1e12)])
-    return (["", "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"]
+    return (["", STAGE_TABLE_CAPTION]
             + _table(headers, rows)
             + ["  * bounds the iteration (largest fwd + bwd + step time); "
                "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
@@ -166,6 +168,23 @@ def _bubble(report):
     else:
         lines.append(f"  * stage {bounding} is the only stage")
     return lines
+
+
+def _stragglers(report: dict) -> list:
+    """Each stage's timings over the data-parallel replicas (absent from schema version 1 reports)."""
+    view = report.get("stragglers")
+    if not view:
+        return []
+    rows = []
+    for stage in view["stages"]:
+        for field, label in METRICS:
+            spread = stage[field]
+            ranks = ",".join(str(r) for r in spread["slowest_ranks"])
+            rows.append([stage["stage_id"], label] + [duration_to_string(spread[k]) for k in ("min", "median", "max")]
+                        + [f"dp {spread['slowest_dp_rank']} (ranks {ranks})"])
+    replicas = view["stages"][0]["replicas"]
+    return (["", STRAGGLER_TABLE_CAPTION]
+            + _table(["stage", "time", "min", "median", "max", f"slowest of {replicas} replicas"], rows))
 
 
 def _instruction_tables(report):
@@ -255,6 +274,7 @@ def format_report(report, module_depth=-1, top_modules=1, detailed=True):
     lines += _summary(report)
     lines += _stage_table(report)
     lines += _bubble(report)
+    lines += _stragglers(report)
     lines += _instruction_tables(report)
     lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]
     lines += _aggregated(report, module_depth, top_modules)
