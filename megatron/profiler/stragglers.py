@@ -59,16 +59,19 @@ def straggler_view(samples: List[RankSample], pp: int, dp: int) -> dict:
     slowest replica (its dp rank and global ranks)]}.
 
     A replica's time on a stage is its slowest tensor rank's (the stage waits for it)."""
+    # One pass over the samples: {(stage, dp rank): its samples}, so the view is linear in the world.
+    by_replica = {}
+    for sample in samples:
+        by_replica.setdefault((sample.stage_id, sample.dp_rank), []).append(sample)
     stages = []
     for stage_id in range(pp):
-        on_stage = [s for s in samples if s.stage_id == stage_id]
-        ranks = {d: sorted(s.global_rank for s in on_stage if s.dp_rank == d) for d in range(dp)}
+        replicas = [by_replica[(stage_id, d)] for d in range(dp)]
         row = {"stage_id": stage_id, "replicas": dp}
         for field, _ in METRICS:
-            per_replica = {d: max(getattr(s, field) for s in on_stage if s.dp_rank == d) for d in range(dp)}
+            per_replica = [max(getattr(s, field) for s in replica) for replica in replicas]
             slowest = max(range(dp), key=lambda d: (per_replica[d], -d))
-            values = list(per_replica.values())
-            row[field] = {"min": min(values), "median": float(statistics.median(values)), "max": max(values),
-                          "slowest_dp_rank": slowest, "slowest_ranks": ranks[slowest]}
+            row[field] = {"min": min(per_replica), "median": float(statistics.median(per_replica)),
+                          "max": max(per_replica), "slowest_dp_rank": slowest,
+                          "slowest_ranks": sorted(s.global_rank for s in replicas[slowest])}
         stages.append(row)
     return {"stages": stages}
