@@ -13,7 +13,7 @@ def _decimals(value):
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def number_to_string(num):
+def number_to_string(num: float) -> str:
     """463210000 -> '463.21 M'."""
     for scale, unit in _SCALES:
         if abs(num) >= scale:
@@ -21,22 +21,22 @@ def number_to_string(num):
     return _decimals(num)
 
 
-def params_to_string(params):
+def params_to_string(params: int) -> str:
     return number_to_string(params).replace("G", "B")
 
 
-def flops_rate_to_string(flops_per_s):
+def flops_rate_to_string(flops_per_s: float) -> str:
     """12.3e9 -> '12.3 GFLOPS'."""
     text = number_to_string(flops_per_s)
     return f"{text}FLOPS" if text[-1].isalpha() else f"{text} FLOPS"
 
 
-def bytes_to_string(num):
+def bytes_to_string(num: float) -> str:
     text = number_to_string(num)
     return f"{text}B" if text[-1].isalpha() else f"{text} B"
 
 
-def duration_to_string(seconds):
+def duration_to_string(seconds: float) -> str:
     """29.87 -> '29.87 s', 0.11917 -> '119.17 ms'."""
     if seconds == 0 or seconds >= 1:
         return f"{_decimals(seconds)} s"
@@ -267,7 +267,7 @@ def _detailed(report, module_depth):
     ] + _tree(root, root, tp, 0, module_depth, "", "")
 
 
-def format_report(report, module_depth=-1, top_modules=1, detailed=True):
+def format_report(report: dict, module_depth: int = -1, top_modules: int = 1, detailed: bool = True) -> str:
     """The report as text. module_depth=-1 shows every depth, k shows depths 0..k (the root is depth 0)."""
     lines = ["", HEADER, f"Profile Summary at step {report['step']}:"]
     lines += _notations(report)

@@ -18,6 +18,7 @@ report carries:
 import json
 import os
 import tempfile
+from typing import Dict, List, Optional, Tuple
 
 from megatron.profiler.notes import NOTES
 from megatron.profiler.phases import phase_fields
@@ -39,12 +40,12 @@ COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 REDUCE_INSTRUCTIONS = ("ReduceGrads", "ReduceTiedGrads")
 
 
-def load_schema():
+def load_schema() -> dict:
     with open(SCHEMA_PATH) as f:
         return json.load(f)
 
 
-def validate_report(report):
+def validate_report(report: dict) -> None:
     """Raise jsonschema.ValidationError if `report` breaks the schema."""
     try:
         import jsonschema
@@ -54,7 +55,7 @@ def validate_report(report):
     jsonschema.Draft202012Validator(load_schema()).validate(report)
 
 
-def write_json(report, path, indent=2):
+def write_json(report: dict, path: str, indent: Optional[int] = 2) -> None:
     """Write atomically: readers never see half a report (or half a trace)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -88,7 +89,7 @@ def _shape(node):
     return node["name"], node["type"], len(node["children"])
 
 
-def merge_tp_trees(trees):
+def merge_tp_trees(trees: List[dict]) -> dict:
     """One stage's tree from its tp ranks' trees (same structure on every rank, listed by tp rank).
 
     Latencies of every node come from one rank per phase, the rank whose whole stage was slowest in
@@ -137,7 +138,7 @@ def _sort_layer_names(children):
     return ordered
 
 
-def merge_stage_trees(trees):
+def merge_stage_trees(trees: List[dict]) -> dict:
     """The whole-model tree from the stages' trees, matching children by name.
 
     A module present on several stages (the root, tied modules) is one node: params once (a node's
@@ -161,7 +162,7 @@ def merge_stage_trees(trees):
     return merged
 
 
-def aggregate_by_depth(tree):
+def aggregate_by_depth(tree: dict) -> List[dict]:
     """[{type: {'count', 'params', 'flops', fwd/bwd/recompute latency}} for depth 0, 1, ... deepest].
 
     Every node of the tree is counted at its own depth, so, the tree being inclusive, a depth's
@@ -220,7 +221,8 @@ def _schedule_span(entries):
     return max(ends) - min(starts), max(e["clock_error_s"] for e in entries)
 
 
-def bubble_analysis(stages, compute_s, bounding, micro_batches, span):
+def bubble_analysis(stages: List[dict], compute_s: Dict[int, float], bounding: dict, micro_batches: int,
+                    span: Tuple[float, float]) -> dict:
     """Each stage's idle fraction over the schedule span against the ideal 1F1B bubble.
 
     compute_s: {stage id: ForwardPass + BackwardPass seconds of its busiest tp rank} (one rank's sum,
@@ -307,7 +309,7 @@ def _check_replica(replica_entries, samples, meta):
         raise ValueError("the samples' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
 
 
-def build_report(rank_entries, meta, samples=None):
+def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[RankSample]] = None) -> dict:
     """The report dict (schema_version 2 plus documented extras) from the entries and `meta`.
 
     rank_entries: every rank's entry (samples None: the straggler scalars are read from them), or
@@ -395,7 +397,7 @@ def build_report(rank_entries, meta, samples=None):
     }
 
 
-def profile_scalars(report):
+def profile_scalars(report: dict) -> Dict[str, float]:
     """{tag: value}: the report's headline numbers as TensorBoard scalars (null values left out)."""
     totals = report["totals"]
     scalars = {f"flops-profile/{key.replace('_', '-')}": totals[key]

@@ -17,6 +17,7 @@ otherData.clock_sync holds every offset and its error bound.
 """
 import bisect
 from collections import defaultdict
+from typing import Dict, List
 
 from megatron.profiler.notes import CLOCK_SYNC
 from megatron.profiler.report import write_json
@@ -30,7 +31,7 @@ FLOWS = {"SendActivation": (1, "RecvActivation", "activation"), "SendGrad": (-1,
 CLOCK_SYNC_METHOD = CLOCK_SYNC
 
 
-def module_category(phase):
+def module_category(phase: str) -> str:
     """'fwd' -> 'module.fwd'."""
     return f"module.{phase}"
 
@@ -106,7 +107,7 @@ def _metadata(replica):
     return events
 
 
-def build_trace(rank_entries, module_events, step):
+def build_trace(rank_entries: List[dict], module_events: Dict[int, list], step: int) -> dict:
     """The Chrome trace (a JSON-ready dict) of the gathered entries' replica dp 0.
 
     rank_entries: every rank's gathered entry (events, clock_offset_s, clock_error_s, coordinates);
@@ -147,6 +148,6 @@ def build_trace(rank_entries, module_events, step):
     }
 
 
-def write_trace(trace, path):
+def write_trace(trace: dict, path: str) -> None:
     """Atomically, compact (a trace has many events)."""
     write_json(trace, path, indent=None)
