@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# The reference config of issue 7 (hidden 256, 4 layers, sequence 256, micro-batch 4,
+# The reference config (hidden 256, 4 layers, sequence 256, micro-batch 4,
 # 8 micro-batches, pipeline 2) and the tiniest GPT that still has every kind of layer.
 REFERENCE = {"hidden": 256, "heads": 4, "layers": 4, "seq": 256, "micro_batch": 4, "micro_batches": 8,
              "vocab": 1024}

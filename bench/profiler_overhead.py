@@ -5,7 +5,7 @@ use instead: the same GPT, the same run, side by side.
     python bench/profiler_overhead.py --quick    # the tiniest GPT, one round: a smoke run
     deepspeed --num_gpus 2 bench/profiler_overhead.py [--quick]
 
-Reference config (issue 7): hidden 256, 4 layers, sequence 256, micro-batch 4, 8 micro-batches,
+Reference config: hidden 256, 4 layers, sequence 256, micro-batch 4, 8 micro-batches,
 pipeline 2 (4 heads, synthetic vocabulary 1024, fp32, no dropout). Every time is the slowest rank's,
 between two barriers; every ratio is of medians taken in this run, with plain iterations interleaved
 between the profiled ones so that a machine shared with other work slows both alike.

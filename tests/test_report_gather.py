@@ -95,7 +95,7 @@ def _gather_worker(rank, world, port, out_dir):
         assert ReportGroups.for_layout(here) is groups  # made once
 
         def entry():
-            return RankEntry(**mine)
+            return RankEntry(**mine, events=[])
 
         def meta():
             return RunMeta(**make_meta())
