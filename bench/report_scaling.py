@@ -1,8 +1,10 @@
 """What getting the profile report costs as data parallelism grows: the former design against the current one.
 
-    python bench/report_scaling.py              # pp 2 x dp 1, 2, 4, 8 (2 to 16 ranks), then simulated to 4,096 ranks
-    python bench/report_scaling.py --quick      # the tiniest GPT, dp 1 and 2 (a smoke run)
-    python bench/report_scaling.py --plot docs/report_scaling.png    # also draw the figures
+    PYTHONPATH=. python bench/report_scaling.py           # pp 2 x dp 1, 2, 4, 8 (2 to 16 ranks), simulated to 4,096
+    PYTHONPATH=. python bench/report_scaling.py --quick   # the tiniest GPT, dp 1 and 2 (a smoke run)
+    PYTHONPATH=. python bench/report_scaling.py --plot docs/report_scaling.png    # also draw the figures
+
+(run from the repository root: the spawned ranks import pretrain_gpt from it)
 
 Former design (copied here, no longer in the library): every rank's whole entry all-gathered over
 the world (all_gather_object), rank 0 pinged by every other rank in turn, the report built on every
@@ -16,8 +18,8 @@ bytes every collective delivered to it (counted at the torch.distributed calls: 
 receives), and the time of getting the report (slowest rank, between barriers).
 
 Simulated runs (1,024 and 4,096 ranks, pp 2): the entries recorded in the largest real run are
-replicated over the replicas; bytes follow from their pickled sizes; collective time from this run's
-measured per-message (alpha) and per-byte (beta) costs of a gloo send and receive, with gloo's ring
+replicated over the replicas; bytes follow from their pickled sizes; collective time from the
+per-message (alpha) and per-byte (beta) costs of a gloo send and receive measured in the smallest run, with gloo's ring
 all-gather ((n - 1) steps), a gather received one message after another at its root, and a binomial
 broadcast (log2 n steps); unpickling and building are done for real, at that size.
 """
@@ -179,7 +181,9 @@ def worker(shape, dp, repeats, result_path):
     dist.gather_object(mine, everyone, dst=0)
     if dist.get_rank() == 0:
         row = {"dp": dp, "world": dist.get_world_size(), "alpha": alpha, "beta": beta, "trip": trip,
-               "report": profiler.get_report(), "entries": profiler._entries}
+               "report": profiler.get_report(), "entries": profiler._entries,
+               # as the collectives pickle them (a JSON round trip would change the pickled size)
+               "entry_bytes": max(len(pickle.dumps(e)) for e in profiler._entries)}
         for design in measured:
             row[f"{design}_s"] = statistics.median(seconds for seconds, _ in measured[design])
             row[f"{design}_bytes"] = [ranks[design] for ranks in everyone]
@@ -199,18 +203,19 @@ def replicated(entries, dp):
     return out
 
 
-def simulate(row, world):
-    """Bytes and seconds of both designs at `world` ranks (pp 2, tp 1) from a real run's entries and link costs."""
+def simulate(row, world, link):
+    """Bytes and seconds of both designs at `world` ranks (pp 2, tp 1) from a real run's entries and the
+    link costs (alpha, beta, trip) of another."""
     from megatron.profiler.report import build_report
     from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
 
     dp = world // PP
-    alpha, beta, trip = row["alpha"], row["beta"], row["trip"]
+    alpha, beta, trip = link
     meta = dict(_meta(row["report"]), world_size=world, data_parallel_size=dp)
     entries = replicated(row["entries"], dp)
     replica = [e for e in entries if e["dp_rank"] == 0]
     blobs = [pickle.dumps(e) for e in entries]
-    entry_bytes = max(len(b) for b in blobs)
+    entry_bytes = row["entry_bytes"]
 
     start = time.perf_counter()
     former_entries = [pickle.loads(b) for b in blobs]
@@ -261,12 +266,16 @@ def nonzero_max(received):
     return max(received[1:]) if len(received) > 1 else 0
 
 
-def print_real(rows):
-    headers = ["dp", "ranks", "former KiB to a non-zero rank", "current KiB", "former KiB to rank 0",
-               "current KiB to rank 0", "former ms", "current ms"]
-    print(table(headers, [[r["dp"], r["world"], kib(nonzero_max(r["former_bytes"])),
-                           kib(nonzero_max(r["current_bytes"])), kib(r["former_bytes"][0]),
-                           kib(r["current_bytes"][0]), ms(r["former_s"]), ms(r["current_s"])] for r in rows]))
+def print_real(rows, link):
+    headers = ["dp", "ranks", "former KiB to a non-zero rank", "(modelled)", "current KiB", "(modelled)",
+               "former KiB to rank 0", "current KiB to rank 0", "former ms", "current ms"]
+    lines = []
+    for r in rows:
+        model = simulate(r, r["world"], link)  # the simulation's byte count at a size that was measured
+        lines.append([r["dp"], r["world"], kib(nonzero_max(r["former_bytes"])), kib(model["former_bytes"]),
+                      kib(nonzero_max(r["current_bytes"])), kib(model["current_bytes"]), kib(r["former_bytes"][0]),
+                      kib(r["current_bytes"][0]), ms(r["former_s"]), ms(r["current_s"])])
+    print(table(headers, lines))
 
 
 def print_simulated(rows):
@@ -283,14 +292,12 @@ def plot(real, simulated, path):
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for design, style in (("former", "o-"), ("current", "s-")):
-        left.plot([r["world"] for r in real], [nonzero_max(r[f"{design}_bytes"]) for r in real], style,
-                  label=f"{design}, real")
-        left.plot([r["world"] for r in simulated], [r[f"{design}_bytes"] for r in simulated], style[0] + "--",
-                  label=f"{design}, simulated")
-        right.plot([r["world"] for r in real], [r[f"{design}_s"] for r in real], style, label=f"{design}, real")
-        right.plot([r["world"] for r in simulated], [r[f"{design}_s"] for r in simulated], style[0] + "--",
-                   label=f"{design}, simulated")
+    for design, style, color in (("former", "o", "tab:red"), ("current", "s", "tab:blue")):
+        for axis, key in ((left, "bytes"), (right, "s")):
+            real_values = [nonzero_max(r[f"{design}_bytes"]) if key == "bytes" else r[f"{design}_s"] for r in real]
+            axis.plot([r["world"] for r in real], real_values, style + "-", color=color, label=f"{design}, real")
+            axis.plot([r["world"] for r in simulated], [r[f"{design}_{key}"] for r in simulated], style + "--",
+                      color=color, mfc="none", label=f"{design}, simulated")
     for axis, label in ((left, "bytes received by a non-zero rank (most)"), (right, "get_report seconds")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
@@ -322,12 +329,16 @@ def main():
             spawn(worker, PP * dp, shape, dp, repeats, path)
             with open(path) as f:
                 real.append(json.load(f))
-    print("\nreal runs (bytes: payload delivered by the collectives to the rank; ms: slowest rank, medians):")
-    print_real(real)
-    largest = max(real, key=lambda r: r["world"])
-    print(f"link costs measured at {largest['world']} ranks: alpha {largest['alpha'] * 1e6:.1f} us per message, "
-          f"beta {largest['beta'] * 1e9:.3f} ns per byte, round trip of 8 bytes {largest['trip'] * 1e6:.1f} us")
-    simulated = [simulate(largest, world) for world in SIMULATED_WORLDS]
+    # The link costs of the smallest run: the larger ones put up to 16 ranks on 2 cores, whose waits
+    # for a core would pass for network latency.
+    largest, smallest = max(real, key=lambda r: r["world"]), min(real, key=lambda r: r["world"])
+    link = (smallest["alpha"], smallest["beta"], smallest["trip"])
+    print("\nreal runs (bytes: payload delivered by the collectives to the rank, and the simulation's count for "
+          "the same size; ms: slowest rank, medians):")
+    print_real(real, link)
+    print(f"link costs measured at {smallest['world']} ranks: alpha {link[0] * 1e6:.1f} us per message, "
+          f"beta {link[1] * 1e9:.3f} ns per byte, round trip of 8 bytes {link[2] * 1e6:.1f} us")
+    simulated = [simulate(largest, world, link) for world in SIMULATED_WORLDS]
     print("\nsimulated from that run's entries (collectives modelled from the link costs; unpickling and "
           "building done for real):")
     print_simulated(simulated)
@@ -339,7 +350,7 @@ def main():
     if 8 in by_dp:
         ratio, source = by_dp[8] / by_dp[1], "real runs"
     else:  # --quick: dp 8 was not run; the same count for pp 2 x dp 8 from the model, against the real dp 1
-        ratio, source = simulate(largest, PP * 8)["current_bytes"] / by_dp[1], "dp 8 modelled, dp 1 real"
+        ratio, source = simulate(largest, PP * 8, link)["current_bytes"] / by_dp[1], "dp 8 modelled, dp 1 real"
     print(f"({source}; the former design: "
           f"{(nonzero_max(largest['former_bytes']) / max(1, nonzero_max(real[0]['former_bytes']))):.2f} "
           f"at dp {largest['dp']} over dp 1)")
