@@ -1,162 +1,361 @@
-"""What gathering and printing the profile report costs, against pipeline stages and layers.
+"""What getting the profile report costs as data parallelism grows: the former design against the current one.
 
-    python bench/report_scaling.py            # stages 1, 2, 4, 8 (8 layers); layers 4..64 (2 stages)
-    python bench/report_scaling.py --quick    # the tiniest GPT: stages 1, 2; layers 2, 4
-    deepspeed --num_gpus N bench/report_scaling.py [--quick]   # one stage count (N), layers at N stages
+    PYTHONPATH=. python bench/report_scaling.py           # pp 2 x dp 1, 2, 4, 8 (2 to 16 ranks), simulated to 4,096
+    PYTHONPATH=. python bench/report_scaling.py --quick   # the tiniest GPT, dp 1 and 2 (a smoke run)
+    PYTHONPATH=. python bench/report_scaling.py --plot docs/report_scaling.png    # also draw the figures
 
-For every point: build the GPT pipeline, run plain iterations, profile one (three by default, medians),
-then time (slowest rank, between barriers) what follows the profiled iteration: get_report (every rank's module tree and
-instruction timings all-gathered, the report built), print_model_profile (rank 0 formats the whole
-text report; written to a file, so a terminal's speed is not measured), write_json, end_profile.
-The cost should grow linearly with the number of module nodes and stay a small share of one
-iteration. With more ranks than cores (8 stages on 2 cores) every rank waits for a core: those rows
-show the machine as much as the profiler.
+(run from the repository root: the spawned ranks import pretrain_gpt from it)
+
+Former design (copied here, no longer in the library): every rank's whole entry all-gathered over
+the world (all_gather_object), rank 0 pinged by every other rank in turn, the report built on every
+rank. Current design (megatron/profiler/gather.py): replica 0's entries gathered to rank 0 over the
+tensor and pipeline groups, one 256-byte sample per rank gathered to rank 0, the report built there
+and broadcast, the replica's pp x tp ranks pinging rank 0.
+
+Real runs: for each dp, the GPT pipeline is built on pp 2 x dp ranks, one iteration profiled, then
+both designs get the report (alternately, `--repeats` times; medians). Measured per rank: the payload
+bytes every collective delivered to it (counted at the torch.distributed calls: gathers, broadcasts,
+receives), and the time of getting the report (slowest rank, between barriers).
+
+Simulated runs (1,024 and 4,096 ranks, pp 2): the entries recorded in the largest real run are
+replicated over the replicas; bytes follow from their pickled sizes; collective time from the
+per-message (alpha) and per-byte (beta) costs of a gloo send and receive measured in the smallest run, with gloo's ring
+all-gather ((n - 1) steps), a gather received one message after another at its root, and a binomial
+broadcast (log2 n steps); unpickling and building are done for real, at that size.
 """
 import argparse
-import gc
 import json
+import math
 import os
+import pickle
+import statistics
 import sys
 import tempfile
-from pathlib import Path
+import time
+from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 # A script: its own directory is on sys.path, so the sibling harness imports by name.
-from harness import (TINY, build_pipeline_engine, init_megatron, launched, load, machine, median,
-                           spawn, table, timed)
+from harness import (
+    TINY,
+    build_pipeline_engine,
+    load,
+    machine,
+    megatron_flags,
+    quiet_logs,
+    spawn,
+    table,
+    timed,
+    unlink_shm_buffer,
+)
 
-# A GPT small enough for 64 layers on 2 cores; 8 micro-batches keep an 8-stage pipeline busy.
-SCALING = {"hidden": 128, "heads": 4, "layers": 8, "seq": 128, "micro_batch": 2, "micro_batches": 8, "vocab": 1024}
-STAGES, LAYERS, LAYER_SWEEP_STAGES = (1, 2, 4, 8), (4, 8, 16, 32, 64), 2
-QUICK_STAGES, QUICK_LAYERS = (1, 2), (2, 4)  # the layer sweep runs on 2 stages in both
-
-
-def count_nodes(node):
-    return 1 + sum(count_nodes(child) for child in node["children"])
-
-
-def measure_point(args, layers, repeats, out_dir):
-    """One row: the report's costs (medians over `repeats` profiled iterations) for the GPT with
-    `layers` layers on this world's pipeline."""
-    # The sweep rebuilds the model in the same process group: the model provider reads the layer
-    # count from the global args.
-    args.num_layers = layers
-    engine, step = build_pipeline_engine(args)
-    step()  # warm-up
-    plain_s = median([timed(step)[0] for _ in range(3)])
-    costs = [profile_and_report(engine, step, args, out_dir) for _ in range(repeats)]
-    row = {key: median([cost[key] for cost in costs]) for key in costs[0]}
-    row.update(stages=dist.get_world_size(), layers=layers, plain_s=plain_s, modules=costs[0]["modules"])
-    del engine, step
-    gc.collect()
-    return row
+PP = 2
+SHAPE = {"hidden": 64, "heads": 4, "layers": 4, "seq": 32, "micro_batch": 1, "micro_batches": 4, "vocab": 256}
+DPS, QUICK_DPS = (1, 2, 4, 8), (1, 2)
+SIMULATED_WORLDS = (1024, 4096)
+CLOCK_ROUNDS = 8  # gather.CLOCK_PING_ROUNDS, both designs
 
 
-def profile_and_report(engine, step, args, out_dir):
+# ---------------------------------------------------------------- counting received bytes
+class ByteCounter:
+    """Payload bytes delivered to this rank by the collectives torch.distributed runs while counting."""
+
+    def __init__(self):
+        self.received = 0
+
+    def all_gather(self, tensor_list, tensor, *args, **kwargs):
+        self.received += sum(t.nbytes for t in tensor_list) - tensor.nbytes
+
+    def gather(self, tensor, gather_list=None, *args, **kwargs):
+        if gather_list:
+            self.received += sum(t.nbytes for t in gather_list) - tensor.nbytes
+
+    def broadcast(self, tensor, src=None, group=None, async_op=False, group_src=None):
+        root = src if src is not None else dist.get_global_rank(group or dist.group.WORLD, group_src)
+        if dist.get_rank() != root:
+            self.received += tensor.nbytes
+
+    def recv(self, tensor, *args, **kwargs):
+        self.received += tensor.nbytes
+
+
+@contextmanager
+def counting(counter):
+    """Count around the real calls (gather_object and friends call these module globals)."""
+    originals = {name: getattr(c10d, name) for name in ("all_gather", "gather", "broadcast", "recv")}
+
+    def wrap(name):
+        original, count = originals[name], getattr(counter, name)
+
+        def counted(*args, **kwargs):
+            count(*args, **kwargs)
+            return original(*args, **kwargs)
+        return counted
+    try:
+        for name in originals:
+            setattr(c10d, name, wrap(name))
+            setattr(dist, name, getattr(c10d, name))
+        yield counter
+    finally:
+        for name, original in originals.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+
+
+# ---------------------------------------------------------------- the former design, kept to compare
+def former_get_report(profiler):
+    """The report as get_report made it before: world-wide all_gather_object, sequential pings, every rank builds."""
+    from megatron.profiler.gather import RunMeta, build_rank_entry, measure_clock_offset
+    from megatron.profiler.report import build_report
+
+    entry = build_rank_entry(profiler, profiler.layout).as_dict()
+    entry["clock_offset_s"], entry["clock_error_s"] = measure_clock_offset()  # every rank pings rank 0 in turn
+    entries = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, entry)
+    meta = RunMeta.of(profiler.engine, profiler.layout, profiler.engine.global_steps, profiler.seq_length)
+    return build_report(entries, meta.as_dict())
+
+
+# ---------------------------------------------------------------- one real run
+def init(shape, dp):
+    import pretrain_gpt
+    from megatron.initialize import initialize_megatron
+
+    torch.set_num_threads(1)
+    quiet_logs()
+    flags = [str(flag) for flag in megatron_flags(shape, PP)]
+    flags[flags.index("--global-batch-size") + 1] = str(shape["micro_batch"] * shape["micro_batches"] * dp)
+    args = initialize_megatron(argv=flags, args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+    unlink_shm_buffer()
+    args.train_dataset, _, _ = pretrain_gpt.train_valid_test_datasets_provider([10**6, 0, 0])
+    return args
+
+
+def link_costs(rounds=20, big=1 << 20):
+    """(alpha, beta, round trip of 8 bytes): rank 0 <-> the last rank over gloo, medians."""
+    rank, last = dist.get_rank(), dist.get_world_size() - 1
+    costs = []
+    for size in (8, big):
+        message = torch.zeros(size, dtype=torch.uint8)
+        trips = []
+        for _ in range(rounds):
+            dist.barrier()
+            if rank == 0:
+                start = time.perf_counter()
+                dist.send(message, dst=last)
+                dist.recv(message, src=last)
+                trips.append(time.perf_counter() - start)
+            elif rank == last:
+                dist.recv(message, src=0)
+                dist.send(message, dst=0)
+        costs.append(statistics.median(trips) if trips else 0.0)
+    small, large = costs
+    alpha = small / 2
+    return alpha, max(0.0, (large / 2 - alpha) / big), small
+
+
+def worker(shape, dp, repeats, result_path):
     from megatron.profiler import PipelineFlopsProfiler
 
+    args = init(shape, dp)
+    engine, step = build_pipeline_engine(args)
+    step()  # warm-up
     profiler = PipelineFlopsProfiler(engine, seq_length=args.seq_length)
-
-    def profiled():
-        profiler.start_profile()
-        step()
-        profiler.stop_profile()
-
-    profiled_s, _ = timed(profiled)
-    gather_s, report = timed(profiler.get_report)
-    print_s, _ = timed(lambda: profiler.print_model_profile(output_file=os.path.join(out_dir, "report.txt")))
-    json_s, _ = timed(lambda: profiler.write_json(os.path.join(out_dir, "report.json")))
-    end_s, _ = timed(profiler.end_profile)
-    return {"modules": sum(count_nodes(stage["modules"]) for stage in report["stages"]), "profiled_s": profiled_s,
-            "gather_s": gather_s, "print_s": print_s, "json_s": json_s, "end_s": end_s,
-            "report_s": gather_s + print_s + json_s + end_s}
-
-
-def worker(shape, layer_counts, repeats, result_path=None):
-    """Rows for each layer count on this world's pipeline; rank 0 also writes them to result_path."""
-    args = init_megatron(shape, int(os.environ["WORLD_SIZE"]))
-    out_dir = tempfile.mkdtemp(prefix="report_scaling_")
-    rows = [measure_point(args, layers, repeats, out_dir) for layers in layer_counts]
-    if result_path and dist.get_rank() == 0:
+    profiler.start_profile()
+    step()
+    profiler.stop_profile()
+    measured = {"former": [], "current": []}
+    for _ in range(repeats):
+        for design in ("former", "current"):
+            profiler._report = None
+            get = (lambda: former_get_report(profiler)) if design == "former" else profiler.get_report
+            with counting(ByteCounter()) as counter:
+                seconds, report = timed(get)
+            measured[design].append((seconds, counter.received))
+    alpha, beta, trip = link_costs() if dist.get_world_size() > 1 else (0.0, 0.0, 0.0)
+    mine = {design: max(received for _, received in runs) for design, runs in measured.items()}
+    everyone = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, everyone, dst=0)
+    if dist.get_rank() == 0:
+        row = {"dp": dp, "world": dist.get_world_size(), "alpha": alpha, "beta": beta, "trip": trip,
+               "report": profiler.get_report(), "entries": profiler._entries,
+               # as the collectives pickle them (a JSON round trip would change the pickled size)
+               "entry_bytes": max(len(pickle.dumps(e)) for e in profiler._entries)}
+        for design in measured:
+            row[f"{design}_s"] = statistics.median(seconds for seconds, _ in measured[design])
+            row[f"{design}_bytes"] = [ranks[design] for ranks in everyone]
         with open(result_path, "w") as f:
-            json.dump(rows, f)
+            json.dump(row, f)
     dist.barrier()
-    return rows
+    profiler.end_profile()
+
+
+# ---------------------------------------------------------------- simulation
+def replicated(entries, dp):
+    """Every rank's entry for pp x dp ranks: replica 0's recorded entries, renumbered per replica."""
+    out = []
+    for e in entries:
+        for d in range(dp):
+            out.append(dict(e, dp_rank=d, global_rank=e["stage_id"] * dp + d))
+    return out
+
+
+def simulate(row, world, link):
+    """Bytes and seconds of both designs at `world` ranks (pp 2, tp 1) from a real run's entries and the
+    link costs (alpha, beta, trip) of another."""
+    from megatron.profiler.report import build_report
+    from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
+
+    dp = world // PP
+    alpha, beta, trip = link
+    meta = dict(_meta(row["report"]), world_size=world, data_parallel_size=dp)
+    entries = replicated(row["entries"], dp)
+    replica = [e for e in entries if e["dp_rank"] == 0]
+    blobs = [pickle.dumps(e) for e in entries]
+    entry_bytes = row["entry_bytes"]
+
+    start = time.perf_counter()
+    former_entries = [pickle.loads(b) for b in blobs]
+    build_report(former_entries, meta)
+    former_build = time.perf_counter() - start
+    # ring all-gather of the sizes, then of the padded entries; (world - 1) sequential rounds of pings
+    former_comm = 2 * (world - 1) * alpha + (world - 1) * (8 + entry_bytes) * beta + (world - 1) * CLOCK_ROUNDS * trip
+    former_bytes = (world - 1) * (entry_bytes + 8) + CLOCK_ROUNDS * 8
+
+    samples = [RankSample.from_entry(e) for e in entries]
+    raw = [s.to_bytes() for s in samples]
+    start = time.perf_counter()
+    current_samples = [RankSample.from_bytes(b) for b in raw]
+    stage_entries = [pickle.loads(pickle.dumps(e)) for e in replica]
+    report = build_report(stage_entries, meta, current_samples)
+    report_bytes = len(pickle.dumps(report))
+    current_build = time.perf_counter() - start
+    current_comm = ((PP - 1) * CLOCK_ROUNDS * trip  # the replica's other rank pings rank 0
+                    + (PP - 1) * (2 * alpha + (8 + entry_bytes) * beta)  # leaders: sizes, then entries
+                    + (world - 1) * (alpha + SAMPLE_BYTES * beta)  # samples, received in turn at rank 0
+                    + math.ceil(math.log2(world)) * (2 * alpha + (8 + report_bytes) * beta))  # binomial broadcast
+    # the most a non-zero rank receives: stage 1's leader (pings, gather sizes, the report)
+    current_bytes = CLOCK_ROUNDS * 8 + (PP - 1) * 8 + 8 + report_bytes
+    return {"world": world, "dp": dp, "former_bytes": former_bytes, "current_bytes": current_bytes,
+            "former_s": former_comm + former_build, "current_s": current_comm + current_build,
+            "former_build_s": former_build, "current_build_s": current_build}
+
+
+def _meta(report):
+    par = report["parallelism"]
+    return {"step": report["step"], "world_size": par["world_size"], "pipeline_parallel_size": PP,
+            "tensor_parallel_size": 1, "data_parallel_size": par["data_parallel_size"],
+            "micro_batches": par["micro_batches"], "micro_batch_size": par["micro_batch_size"],
+            "seq_length": par["seq_length"], "activation_checkpointing": report["activation_checkpointing"],
+            "analytic": None, "peak_tflops": None, "device_name": "cpu", "dtype": "fp32"}
+
+
+# ---------------------------------------------------------------- printing
+def kib(n):
+    return f"{n / 1024:.1f}"
 
 
 def ms(seconds):
     return f"{seconds * 1000:.1f}"
 
 
-def rows_table(rows):
-    headers = ["stages", "layers", "module nodes", "gather+build ms", "print ms", "json ms", "end ms",
-               "total ms", "us per node", "iteration s", "share of iteration"]
-    return table(headers, [[r["stages"], r["layers"], r["modules"], ms(r["gather_s"]), ms(r["print_s"]),
-                            ms(r["json_s"]), ms(r["end_s"]), ms(r["report_s"]),
-                            f"{r['report_s'] / r['modules'] * 1e6:.0f}", f"{r['plain_s']:.3f}",
-                            f"{100 * r['report_s'] / r['plain_s']:.2f}%"] for r in rows])
+def nonzero_max(received):
+    return max(received[1:]) if len(received) > 1 else 0
 
 
-def print_tables(shape, layer_rows, stage_rows):
-    print(f"machine: {machine()}")
-    print(f"config: hidden {shape['hidden']}, {shape['heads']} heads, sequence {shape['seq']}, micro-batch "
-          f"{shape['micro_batch']}, {shape['micro_batches']} micro-batches, vocabulary {shape['vocab']}, fp32")
-    print("report cost = get_report (all-gather + build) + print_model_profile (to a file) + write_json + "
-          "end_profile; slowest rank between barriers; iteration = median plain train_batch")
-    print(f"\nreport cost against pipeline stages ({shape['layers']} layers):")
-    print(rows_table(stage_rows))
-    print(f"\nreport cost against layers ({layer_rows[0]['stages'] if layer_rows else '-'} stages):")
-    print(rows_table(layer_rows))
-    for name, rows, size in (("stages", stage_rows, "stages"), ("layers", layer_rows, "modules")):
-        if len(rows) > 1:
-            fixed, slope, worst = linear_fit([r[size] for r in rows], [r["report_s"] for r in rows])
-            unit = "rank" if size == "stages" else "module node"
-            print(f"fit against {name}: report cost = {fixed * 1e3:.1f} ms + {slope * 1e3:.3f} ms per {unit} "
-                  f"(largest deviation from the line: {worst * 1e3:.1f} ms)")
+def print_real(rows, link):
+    headers = ["dp", "ranks", "former KiB to a non-zero rank", "(modelled)", "current KiB", "(modelled)",
+               "former KiB to rank 0", "current KiB to rank 0", "former ms", "current ms"]
+    lines = []
+    for r in rows:
+        model = simulate(r, r["world"], link)  # the simulation's byte count at a size that was measured
+        lines.append([r["dp"], r["world"], kib(nonzero_max(r["former_bytes"])), kib(model["former_bytes"]),
+                      kib(nonzero_max(r["current_bytes"])), kib(model["current_bytes"]), kib(r["former_bytes"][0]),
+                      kib(r["current_bytes"][0]), ms(r["former_s"]), ms(r["current_s"])])
+    print(table(headers, lines))
 
 
-def linear_fit(xs, ys):
-    """Least squares y = a + b x; returns a, b and the largest |residual|."""
-    n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-    fixed = mean_y - slope * mean_x
-    return fixed, slope, max(abs(y - fixed - slope * x) for x, y in zip(xs, ys))
+def print_simulated(rows):
+    headers = ["dp", "ranks", "former KiB to a non-zero rank", "current KiB", "former s", "current s",
+               "former build s", "current build s"]
+    print(table(headers, [[r["dp"], r["world"], kib(r["former_bytes"]), kib(r["current_bytes"]),
+                           f"{r['former_s']:.3f}", f"{r['current_s']:.3f}", f"{r['former_build_s']:.3f}",
+                           f"{r['current_build_s']:.3f}"] for r in rows]))
+
+
+def plot(real, simulated, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for design, style, color in (("former", "o", "tab:red"), ("current", "s", "tab:blue")):
+        for axis, key in ((left, "bytes"), (right, "s")):
+            real_values = [nonzero_max(r[f"{design}_bytes"]) if key == "bytes" else r[f"{design}_s"] for r in real]
+            axis.plot([r["world"] for r in real], real_values, style + "-", color=color, label=f"{design}, real")
+            axis.plot([r["world"] for r in simulated], [r[f"{design}_{key}"] for r in simulated], style + "--",
+                      color=color, mfc="none", label=f"{design}, simulated")
+    for axis, label in ((left, "bytes received by a non-zero rank (most)"), (right, "get_report seconds")):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("ranks (pp 2 x dp)")
+        axis.set_ylabel(label)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle("Getting the profile report: former (world all-gather) vs current (replica gather + broadcast)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the tiniest GPT, stages 1-2, layers 2-4 (a smoke run)")
-    parser.add_argument("--repeats", type=int, default=3, help="profiled iterations per point (default 3; medians)")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    parser.add_argument("--quick", action="store_true", help="the tiniest GPT, dp 1 and 2 (a smoke run)")
+    parser.add_argument("--repeats", type=int, default=3, help="reports per design and point (default 3; medians)")
+    parser.add_argument("--plot", default=None, help="also write the figures to this PNG")
     options = parser.parse_args()
-    shape = dict(TINY if options.quick else SCALING)
-    stage_counts = QUICK_STAGES if options.quick else STAGES
-    layer_counts = QUICK_LAYERS if options.quick else LAYERS
+    shape = dict(TINY if options.quick else SHAPE)
+    dps = QUICK_DPS if options.quick else DPS
     repeats = 1 if options.quick else options.repeats
-    if launched():
-        # The launcher fixed the world: its stage count, and the layer sweep on it.
-        world = int(os.environ["WORLD_SIZE"])
-        if world > shape["layers"]:
-            raise SystemExit(f"error: {world} stages need at least {world} layers; this sweep has {shape['layers']}")
-        rows = worker(shape, sorted({n for n in layer_counts if n >= world} | {shape["layers"]}), repeats)
-        if dist.get_rank() == 0:
-            print_tables(shape, [r for r in rows if r["layers"] in layer_counts],
-                         [r for r in rows if r["layers"] == shape["layers"]])
-        return
+    print(f"machine: {machine()}")
+    print(f"config: pp {PP}, hidden {shape['hidden']}, {shape['layers']} layers, sequence {shape['seq']}, "
+          f"{shape['micro_batches']} micro-batches of {shape['micro_batch']} per replica, fp32", flush=True)
+    real = []
     with tempfile.TemporaryDirectory() as tmp:
-        stage_rows, layer_rows = [], []
-        for stages in stage_counts:
-            sweep = layer_counts if stages == LAYER_SWEEP_STAGES else ()
-            path = os.path.join(tmp, f"stages{stages}.json")
-            spawn(worker, stages, shape, sorted(set(sweep) | {shape["layers"]}), repeats, path)
+        for dp in dps:
+            path = os.path.join(tmp, f"dp{dp}.json")
+            spawn(worker, PP * dp, shape, dp, repeats, path)
             with open(path) as f:
-                rows = json.load(f)
-            stage_rows += [r for r in rows if r["layers"] == shape["layers"]]
-            layer_rows += [r for r in rows if r["layers"] in sweep]
-        print_tables(shape, layer_rows, stage_rows)
-        print(f"at the end: {load()}")
+                real.append(json.load(f))
+    # The link costs of the smallest run: the larger ones put up to 16 ranks on 2 cores, whose waits
+    # for a core would pass for network latency.
+    largest, smallest = max(real, key=lambda r: r["world"]), min(real, key=lambda r: r["world"])
+    link = (smallest["alpha"], smallest["beta"], smallest["trip"])
+    print("\nreal runs (bytes: payload delivered by the collectives to the rank, and the simulation's count for "
+          "the same size; ms: slowest rank, medians):")
+    print_real(real, link)
+    print(f"link costs measured at {smallest['world']} ranks: alpha {link[0] * 1e6:.1f} us per message, "
+          f"beta {link[1] * 1e9:.3f} ns per byte, round trip of 8 bytes {link[2] * 1e6:.1f} us")
+    simulated = [simulate(largest, world, link) for world in SIMULATED_WORLDS]
+    print("\nsimulated from that run's entries (collectives modelled from the link costs; unpickling and "
+          "building done for real):")
+    print_simulated(simulated)
+    if options.plot:
+        plot(real, simulated, options.plot)
+        print(f"\nplot written to {options.plot}")
+    print(f"at the end: {load()}")
+    by_dp = {r["dp"]: nonzero_max(r["current_bytes"]) for r in real}
+    if 8 in by_dp:
+        ratio, source = by_dp[8] / by_dp[1], "real runs"
+    else:  # --quick: dp 8 was not run; the same count for pp 2 x dp 8 from the model, against the real dp 1
+        ratio, source = simulate(largest, PP * 8, link)["current_bytes"] / by_dp[1], "dp 8 modelled, dp 1 real"
+    print(f"({source}; the former design: "
+          f"{(nonzero_max(largest['former_bytes']) / max(1, nonzero_max(real[0]['former_bytes']))):.2f} "
+          f"at dp {largest['dp']} over dp 1)")
+    print(f"report bytes received by a non-zero rank, dp 8 over dp 1: {ratio:.2f}")
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

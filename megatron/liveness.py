@@ -95,6 +95,11 @@ class Liveness:
                 time.sleep(3600)
         where = f" in iteration {iteration}" if iteration is not None else ""
         summary = f"{type(error).__name__}: {_first_sentence(str(error))}"
+        named = getattr(error, "failed_ranks", None)
+        if named and self.rank not in named:
+            # A collective told every rank who failed (the profile report's gather): no guessing.
+            self._record("stopped", summary + where)
+            self._finish(f"error: rank {self.rank} stops{where}: {_blame(named, error.reason)}", named, EXIT_FAILED)
         self._record("error", summary + where)
         culprits, reason = self._first_failure()
         if culprits == [self.rank]:

@@ -133,5 +133,5 @@ def test_different_models_are_refused_in_one_line(runs, tmp_path):
     not_a_report.write_text('{"traceEvents": []}')
     process = compare(not_a_report, run.report_path)
     assert process.returncode == 2
-    expected = f"error: {not_a_report} is not a FLOPs profile report (schema_version 1 with a model_tree)\n"
+    expected = f"error: {not_a_report} is not a FLOPs profile report (schema_version 1 or 2 with a model_tree)\n"
     assert process.stderr == expected

@@ -285,7 +285,7 @@ def test_report_validates_and_round_trips(report, tmp_path):
     write_json(report, str(path))
     assert json.loads(path.read_text()) == report
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left behind
-    assert load_schema()["$id"] == "flops-profile/1"
+    assert load_schema()["$id"] == "flops-profile/2"
     broken = copy.deepcopy(report)
     broken["totals"]["params"] = 3888.5  # counts are integers
     with pytest.raises(jsonschema.ValidationError):

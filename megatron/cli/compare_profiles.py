@@ -72,8 +72,9 @@ def load_report(path):
             report = json.load(f)
     except (OSError, ValueError) as e:
         raise NotComparable(f"cannot read {path}: {e}") from e
-    if not isinstance(report, dict) or report.get("schema_version") != 1 or "model_tree" not in report:
-        raise NotComparable(f"{path} is not a FLOPs profile report (schema_version 1 with a model_tree)")
+    if not isinstance(report, dict) or report.get("schema_version") not in (1, 2) or "model_tree" not in report:
+        # version 2 only adds the straggler view: both compare alike
+        raise NotComparable(f"{path} is not a FLOPs profile report (schema_version 1 or 2 with a model_tree)")
     return report
 
 

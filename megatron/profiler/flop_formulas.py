@@ -19,6 +19,8 @@ with and without `is_causal`):
   dK backward: 4 bmm = 2x forward). torch's bmm formula counts those.
 On CUDA the flash / memory-efficient / cuDNN ops are in torch's registry already.
 """
+from typing import Callable, Optional, Sequence, Union
+
 import torch
 from torch.utils import flop_counter
 
@@ -32,13 +34,14 @@ def _attention_shapes(query_shape, key_shape, value_shape):
     return batch * heads, q_len, k_len, head_dim, v_dim
 
 
-def attention_forward_flops(query_shape, key_shape, value_shape):
+def attention_forward_flops(query_shape: Sequence[int], key_shape: Sequence[int], value_shape: Sequence[int]) -> int:
     """Dense attention forward: S = Q K^T and O = P V, 2 GEMMs."""
     bh, q_len, k_len, head_dim, v_dim = _attention_shapes(query_shape, key_shape, value_shape)
     return 2 * bh * q_len * k_len * (head_dim + v_dim)
 
 
-def flash_attention_backward_flops(query_shape, key_shape, value_shape):
+def flash_attention_backward_flops(query_shape: Sequence[int], key_shape: Sequence[int],
+                                   value_shape: Sequence[int]) -> int:
     """What a flash-style attention backward executes: 5 GEMMs, 2.5x the forward when v_dim == head_dim.
 
     PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
@@ -204,7 +207,8 @@ class ModuleFlops:
 _MODULE_FLOPS = {}
 
 
-def register_module_flops(module_type_or_name, fn, kind=OTHER, *, bwd_fn=None, bwd_factor=2.0):
+def register_module_flops(module_type_or_name: Union[type, str], fn: Callable, kind: str = OTHER, *,
+                          bwd_fn: Optional[Callable] = None, bwd_factor: float = 2.0) -> None:
     """Count calls of a module class (a type, or a class name for classes that may not import).
 
     A module matches the first class of its MRO registered by type or by name, so subclasses inherit
@@ -214,7 +218,7 @@ def register_module_flops(module_type_or_name, fn, kind=OTHER, *, bwd_fn=None, b
     _MODULE_FLOPS[module_type_or_name] = ModuleFlops(fn, kind, bwd_fn, bwd_factor)
 
 
-def module_flops_for(module):
+def module_flops_for(module: torch.nn.Module):
     for cls in type(module).__mro__:
         entry = _MODULE_FLOPS.get(cls) or _MODULE_FLOPS.get(cls.__name__)
         if entry is not None:
@@ -229,7 +233,7 @@ def _first_tensor(inputs):
     return None
 
 
-def layer_norm_flops(module, inputs, output):
+def layer_norm_flops(module: torch.nn.Module, inputs: tuple, output) -> int:
     """Per element: mean (1), centre (1), square (1), variance (1), normalise (1); affine adds 2."""
     x = _first_tensor(inputs)
     if x is None:
@@ -238,7 +242,7 @@ def layer_norm_flops(module, inputs, output):
     return per_element * x.numel()
 
 
-def scale_mask_softmax_flops(module, inputs, output):
+def scale_mask_softmax_flops(module: torch.nn.Module, inputs: tuple, output) -> int:
     """Per score: scale (1), mask (1), max (1), subtract (1), exp (1), sum (1), divide (1)."""
     x = _first_tensor(inputs)
     return 0 if x is None else 7 * x.numel()

@@ -6,6 +6,7 @@ PyTorch runs by default, matmul TF32 being off); pass dtype 'tf32' when TF32 mat
 AMD's fp32 is the matrix-core figure. None means the device has no such unit, or is not listed.
 """
 import re
+from typing import Optional
 
 # (pattern on the device name, {dtype: dense peak TFLOPS}). First match wins, so a variant comes
 # before its family; `\b` keeps 'A10' from matching 'A100' or 'A10G', and 'H200' from 'GH200'.
@@ -46,7 +47,7 @@ _DTYPE_ALIASES = {
 }
 
 
-def peak_tflops_for(device_name, dtype):
+def peak_tflops_for(device_name: str, dtype: str) -> Optional[float]:
     """Dense peak TFLOPS of one device for `dtype`, or None (CPU, unknown device or dtype)."""
     kind = _DTYPE_ALIASES.get(str(dtype).lower().replace("torch.", ""))
     if kind is None or not device_name:

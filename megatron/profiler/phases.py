@@ -13,17 +13,23 @@ PHASES = (FORWARD, BACKWARD, RECOMPUTE)
 # The prefixes of the report's fields: fwd_flops, bwd_flops, recompute_flops, ...
 PHASE_PREFIXES = ("fwd", "bwd", "recompute")
 
+
+def phase_fields(suffix: str) -> tuple:
+    """('fwd_<suffix>', 'bwd_<suffix>', 'recompute_<suffix>'): a report field for each phase."""
+    return tuple(f"{prefix}_{suffix}" for prefix in PHASE_PREFIXES)
+
+
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 
 
-def current_phase():
+def current_phase() -> int:
     """The phase of an aten op dispatched now."""
     if _graph_task_id() == -1:
         return FORWARD
     return RECOMPUTE if _grad_enabled() else BACKWARD
 
 
-def module_call_phase():
+def module_call_phase() -> int:
     """The phase of a module forward call starting now: a forward call inside backward is a recompute."""
     return FORWARD if _graph_task_id() == -1 else RECOMPUTE

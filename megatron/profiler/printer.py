@@ -1,5 +1,7 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from megatron.profiler.notes import STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
 from megatron.profiler.report import aggregate_by_depth
+from megatron.profiler.stragglers import METRICS
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78
@@ -11,7 +13,7 @@ def _decimals(value):
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def number_to_string(num):
+def number_to_string(num: float) -> str:
     """463210000 -> '463.21 M'."""
     for scale, unit in _SCALES:
         if abs(num) >= scale:
@@ -19,22 +21,22 @@ def number_to_string(num):
     return _decimals(num)
 
 
-def params_to_string(params):
+def params_to_string(params: int) -> str:
     return number_to_string(params).replace("G", "B")
 
 
-def flops_rate_to_string(flops_per_s):
+def flops_rate_to_string(flops_per_s: float) -> str:
     """12.3e9 -> '12.3 GFLOPS'."""
     text = number_to_string(flops_per_s)
     return f"{text}FLOPS" if text[-1].isalpha() else f"{text} FLOPS"
 
 
-def bytes_to_string(num):
+def bytes_to_string(num: float) -> str:
     text = number_to_string(num)
     return f"{text}B" if text[-1].isalpha() else f"{text} B"
 
 
-def duration_to_string(seconds):
+def duration_to_string(seconds: float) -> str:
     """29.87 -> '29.87 s', 0.11917 -> '119.17 ms'."""
     if seconds == 0 or seconds >= 1:
         return f"{_decimals(seconds)} s"
@@ -158,7 +160,7 @@ def _stage_table(report):
                     + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
                                                           "comm_s", "other_s", "train_batch_latency_s")]
                     + [f"{100 * s['busy_share']:.2f}%", flops_rate_to_string(s["tflops_per_gpu"] * 1e12)])
-    return (["", "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"]
+    return (["", STAGE_TABLE_CAPTION]
             + _table(headers, rows)
             + ["  * bounds the iteration (largest fwd + bwd + step time); "
                "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
@@ -189,6 +191,23 @@ def _bubble(report):
     else:
         lines.append(f"  * stage {bounding} is the only stage")
     return lines
+
+
+def _stragglers(report: dict) -> list:
+    """Each stage's timings over the data-parallel replicas (absent from schema version 1 reports)."""
+    view = report.get("stragglers")
+    if not view:
+        return []
+    rows = []
+    for stage in view["stages"]:
+        for field, label in METRICS:
+            spread = stage[field]
+            ranks = ",".join(str(r) for r in spread["slowest_ranks"])
+            rows.append([stage["stage_id"], label] + [duration_to_string(spread[k]) for k in ("min", "median", "max")]
+                        + [f"dp {spread['slowest_dp_rank']} (ranks {ranks})"])
+    replicas = view["stages"][0]["replicas"]
+    return (["", STRAGGLER_TABLE_CAPTION]
+            + _table(["stage", "time", "min", "median", "max", f"slowest of {replicas} replicas"], rows))
 
 
 def _instruction_tables(report):
@@ -271,13 +290,14 @@ def _detailed(report, module_depth):
     ] + _tree(root, root, tp, 0, module_depth, "", "")
 
 
-def format_report(report, module_depth=-1, top_modules=1, detailed=True):
+def format_report(report: dict, module_depth: int = -1, top_modules: int = 1, detailed: bool = True) -> str:
     """The report as text. module_depth=-1 shows every depth, k shows depths 0..k (the root is depth 0)."""
     lines = ["", HEADER, f"Profile Summary at step {report['step']}:"]
     lines += _notations(report)
     lines += _summary(report)
     lines += _stage_table(report)
     lines += _bubble(report)
+    lines += _stragglers(report)
     lines += _instruction_tables(report)
     lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]
     lines += _aggregated(report, module_depth, top_modules)

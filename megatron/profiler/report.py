@@ -1,4 +1,4 @@
-"""Turn the gathered per-rank measurements into the profile report (schema_version 1).
+"""Turn the gathered per-rank measurements into the profile report (schema_version 2).
 
 The contract is specs/flops-profile.md and flops-profile.schema.json (beside this file, loaded by
 path relative to this module; an installed wheel needs it as package data). Beyond the schema the
@@ -7,7 +7,8 @@ report carries:
   `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
   `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
-  carry no schedule events) and `notes` (the formulas used; the printer's Notations block);
+  carry no schedule events), `stragglers` (stragglers.py: each stage's timings over the data-parallel
+  replicas) and `notes` (notes.py: the formulas used; the printer's Notations block);
 - per stage: params_per_gpu, train_batch_latency_max_dp_s (over all data-parallel replicas),
   comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share,
   tflops_per_gpu (the stage's fwd + bwd + recompute flops / iter latency / tp);
@@ -19,15 +20,19 @@ report carries:
 import json
 import os
 import tempfile
+from typing import Dict, List, Optional, Tuple
 
-SCHEMA_VERSION = 1
+from megatron.profiler.notes import NOTES
+from megatron.profiler.phases import phase_fields
+from megatron.profiler.stragglers import RankSample, straggler_view
+
+SCHEMA_VERSION = 2
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops-profile.schema.json")
 
 # Node fields that are counts (exact ints) and those that are seconds.
-FLOP_FIELDS = ("fwd_flops", "bwd_flops", "recompute_flops",
-               "fwd_other_flops", "bwd_other_flops", "recompute_other_flops")
-CALL_FIELDS = ("fwd_calls", "bwd_calls", "recompute_calls")
-LATENCY_FIELDS = ("fwd_latency_s", "bwd_latency_s", "recompute_latency_s")
+FLOP_FIELDS = phase_fields("flops") + phase_fields("other_flops")
+CALL_FIELDS = phase_fields("calls")
+LATENCY_FIELDS = phase_fields("latency_s")
 
 # The pipeline schedule's instructions, in the order a 1F1B step meets them.
 INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendActivation",
@@ -36,53 +41,13 @@ INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendAct
 COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 REDUCE_INSTRUCTIONS = ("ReduceGrads", "ReduceTiedGrads")
 
-# What every number means; the printer shows these as its Notations block, so the printed formulas
-# are the ones used here.
-NOTES = {
-    "replica": "one iteration (all micro-batches) of one data-parallel replica (the ranks with dp rank 0)",
-    "flops": "matrix work only (GEMM, attention, convolution), 2 flops per multiply-accumulate; "
-             "fwd = forward pass, bwd = backward kernels as executed, "
-             "recompute = forward re-run inside backward by activation checkpointing",
-    "stage_merge": "a stage's counts are summed over its tp ranks, its times are the largest over them "
-                   "(module latencies all from the rank slowest in that phase), "
-                   "instruction and module call counts are one rank's",
-    "params": "params of model = sum over stages of the tp shards' params, parameters replicated over tp "
-              "(norms, row-parallel biases) and tied modules counted once",
-    "params_per_gpu": "params per GPU = a stage's parameters held by one rank (largest over its tp ranks)",
-    "flops_per_gpu": "flops per GPU = flops of model / (pp * tp)",
-    "latency": "fwd / bwd / step latency = total time of the ForwardPass / BackwardPass / OptimizerStep "
-               "instructions of the bounding stage",
-    "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
-    "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
-    "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp) / 1e12",
-    "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp) / 1e12",
-    "samples_per_s": "samples/s = micro-batches * micro-batch size * dp / iter latency; "
-                     "tokens/s = samples/s * seq length",
-    "mfu": "MFU = model TFLOPS per GPU / the device's dense peak TFLOPS",
-    "analytic": "analytic flops = Megatron-LM formula for this iteration, one replica (fwd + bwd + recompute); "
-                "ratio = measured (fwd + bwd + recompute) / analytic",
-    "comm_s": "comm+wait = Send*/Recv* instructions, including waiting for the neighbouring stage",
-    "other_s": "other = train_batch time outside every instruction (at least 0)",
-    "busy_share": "share = (fwd + bwd + step) / iter latency",
-    "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
-                  "(tied) has its params once and its flops, calls and latencies summed over stages",
-    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / iter latency / tp / 1e12",
-    "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
-              "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
-              "tp rank, "
-              "ideal 1F1B idle fraction = (pp - 1) / (micro-batches + pp - 1); "
-              "wait for the bounding stage = its fwd + bwd + step - the stage's",
-    "clock_sync": "clock alignment = each rank pings rank 0 over gloo; offset = midpoint of the shortest round "
-                  "trip, error at most half that round trip",
-}
 
-
-def load_schema():
+def load_schema() -> dict:
     with open(SCHEMA_PATH) as f:
         return json.load(f)
 
 
-def validate_report(report):
+def validate_report(report: dict) -> None:
     """Raise jsonschema.ValidationError if `report` breaks the schema."""
     try:
         import jsonschema
@@ -92,7 +57,7 @@ def validate_report(report):
     jsonschema.Draft202012Validator(load_schema()).validate(report)
 
 
-def write_json(report, path, indent=2):
+def write_json(report: dict, path: str, indent: Optional[int] = 2) -> None:
     """Write atomically: readers never see half a report (or half a trace)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -126,7 +91,7 @@ def _shape(node):
     return node["name"], node["type"], len(node["children"])
 
 
-def merge_tp_trees(trees):
+def merge_tp_trees(trees: List[dict]) -> dict:
     """One stage's tree from its tp ranks' trees (same structure on every rank, listed by tp rank).
 
     Latencies of every node come from one rank per phase, the rank whose whole stage was slowest in
@@ -175,7 +140,7 @@ def _sort_layer_names(children):
     return ordered
 
 
-def merge_stage_trees(trees):
+def merge_stage_trees(trees: List[dict]) -> dict:
     """The whole-model tree from the stages' trees, matching children by name.
 
     A module present on several stages (the root, tied modules) is one node: params once (a node's
@@ -199,7 +164,7 @@ def merge_stage_trees(trees):
     return merged
 
 
-def aggregate_by_depth(tree):
+def aggregate_by_depth(tree: dict) -> List[dict]:
     """[{type: {'count', 'params', 'flops', fwd/bwd/recompute latency}} for depth 0, 1, ... deepest].
 
     Every node of the tree is counted at its own depth, so, the tree being inclusive, a depth's
@@ -258,7 +223,8 @@ def _schedule_span(entries):
     return max(ends) - min(starts), max(e["clock_error_s"] for e in entries)
 
 
-def bubble_analysis(stages, compute_s, bounding, micro_batches, span):
+def bubble_analysis(stages: List[dict], compute_s: Dict[int, float], bounding: dict, micro_batches: int,
+                    span: Tuple[float, float]) -> dict:
     """Each stage's idle fraction over the schedule span against the ideal 1F1B bubble.
 
     compute_s: {stage id: ForwardPass + BackwardPass seconds of its busiest tp rank} (one rank's sum,
@@ -282,7 +248,7 @@ def bubble_analysis(stages, compute_s, bounding, micro_batches, span):
             "bounding_stage": bounding["stage_id"], "stages": rows}
 
 
-def _build_stage(stage_id, entries, all_dp_entries):
+def _build_stage(stage_id, entries, train_batch_max_dp_s):
     trees = [_clean_node(e["modules"]) for e in entries]
     modules = merge_tp_trees(trees)
     instructions = _merge_instructions([e["instructions"] for e in entries])
@@ -304,7 +270,7 @@ def _build_stage(stage_id, entries, all_dp_entries):
         "bwd_latency_s": bwd_s,
         "step_latency_s": step_s,
         "train_batch_latency_s": train_batch_s,
-        "train_batch_latency_max_dp_s": max(float(e["train_batch_latency_s"]) for e in all_dp_entries),
+        "train_batch_latency_max_dp_s": train_batch_max_dp_s,
         "comm_s": _instruction_s(instructions, COMM_INSTRUCTIONS),
         "reduce_s": _instruction_s(instructions, REDUCE_INSTRUCTIONS),
         "load_s": _instruction_s(instructions, ("LoadMicroBatch",)),
@@ -330,16 +296,39 @@ def _check_layout(rank_entries, meta):
         raise ValueError("the entries' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
 
 
-def build_report(rank_entries, meta):
-    """The report dict (schema_version 1 plus documented extras) from every rank's entry and `meta`."""
-    _check_layout(rank_entries, meta)
+def _check_replica(replica_entries, samples, meta):
+    """The gathered form: replica 0's entries (one per stage and tp rank) and every rank's sample."""
+    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
+    if pp * tp * dp != meta["world_size"]:
+        raise ValueError(f"pp {pp} x tp {tp} x dp {dp} != world size {meta['world_size']}")
+    coords = sorted((e["stage_id"], e["tp_rank"], e["dp_rank"]) for e in replica_entries)
+    if coords != [(s, t, 0) for s in range(pp) for t in range(tp)]:
+        raise ValueError("the entries' (stage, tp rank) do not cover replica 0's pp x tp grid once each")
+    if sorted(s.global_rank for s in samples) != list(range(meta["world_size"])):
+        raise ValueError(f"need one sample from each of the {meta['world_size']} ranks")
+    coords = sorted((s.stage_id, s.tp_rank, s.dp_rank) for s in samples)
+    if coords != [(s, t, d) for s in range(pp) for t in range(tp) for d in range(dp)]:
+        raise ValueError("the samples' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
+
+
+def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[RankSample]] = None) -> dict:
+    """The report dict (schema_version 2 plus documented extras) from the entries and `meta`.
+
+    rank_entries: every rank's entry (samples None: the straggler scalars are read from them), or
+    replica 0's entries only with `samples`, every rank's RankSample (what gather.py collects)."""
+    if samples is None:
+        _check_layout(rank_entries, meta)
+        samples = [RankSample.from_entry(e) for e in rank_entries]
+        rank_entries = [e for e in rank_entries if e["dp_rank"] == 0]
+    else:
+        _check_replica(rank_entries, samples, meta)
     pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
     stages = []
     for stage_id in range(pp):
-        on_stage = [e for e in rank_entries if e["stage_id"] == stage_id]
-        replica = sorted((e for e in on_stage if e["dp_rank"] == 0), key=lambda e: e["tp_rank"])
-        stages.append(_build_stage(stage_id, replica, on_stage))
-    replica = [e for e in rank_entries if e["dp_rank"] == 0]
+        replica = sorted((e for e in rank_entries if e["stage_id"] == stage_id), key=lambda e: e["tp_rank"])
+        max_dp_s = max(s.train_batch_s for s in samples if s.stage_id == stage_id)
+        stages.append(_build_stage(stage_id, replica, max_dp_s))
+    replica = rank_entries
     span = _schedule_span(replica)
     compute_s = {stage_id: max(_instruction_s(e["instructions"], ("ForwardPass", "BackwardPass"))
                                for e in replica if e["stage_id"] == stage_id) for stage_id in range(pp)}
@@ -407,6 +396,7 @@ def build_report(rank_entries, meta):
         "bubble": bubble_analysis(stages, compute_s, bounding, int(meta["micro_batches"]), span) if span else None,
         "stages": stages,
         "model_tree": model_tree,
+        "stragglers": straggler_view(samples, pp, dp),
         "notes": dict(NOTES),
     }
 
@@ -421,7 +411,7 @@ def _uncounted_ops(replica):
     return [{"op": op, "phase": phase, "calls": n} for (op, phase), n in sorted(calls.items())]
 
 
-def profile_scalars(report):
+def profile_scalars(report: dict) -> Dict[str, float]:
     """{tag: value}: the report's headline numbers as TensorBoard scalars (null values left out)."""
     totals = report["totals"]
     scalars = {f"flops-profile/{key.replace('_', '-')}": totals[key]

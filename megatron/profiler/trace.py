@@ -12,12 +12,14 @@ Layout, for the reported data-parallel replica (dp rank 0):
   of the receive.
 
 Times are microseconds from the earliest instruction. Each rank's perf_counter is moved onto global
-rank 0's by the offset measured when the report was gathered (pipeline_profiler.measure_clock_offset);
+rank 0's by the offset measured when the report was gathered (gather.measure_clock_offset);
 otherData.clock_sync holds every offset and its error bound.
 """
 import bisect
 from collections import defaultdict
+from typing import Dict, List
 
+from megatron.profiler.notes import CLOCK_SYNC
 from megatron.profiler.report import write_json
 
 INSTRUCTION_CATEGORY = "instruction"
@@ -26,11 +28,10 @@ MICRO_BATCH_INSTRUCTIONS = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "Se
                             "RecvActivation", "SendGrad", "RecvGrad")
 # send -> (stage step to its receiver, the receiving instruction, what travels)
 FLOWS = {"SendActivation": (1, "RecvActivation", "activation"), "SendGrad": (-1, "RecvGrad", "gradient")}
-CLOCK_SYNC_METHOD = ("each rank pings global rank 0 over gloo; offset = midpoint of the shortest of "
-                     "the round trips, error bound = half that round trip")
+CLOCK_SYNC_METHOD = CLOCK_SYNC
 
 
-def module_category(phase):
+def module_category(phase: str) -> str:
     """'fwd' -> 'module.fwd'."""
     return f"module.{phase}"
 
@@ -106,7 +107,7 @@ def _metadata(replica):
     return events
 
 
-def build_trace(rank_entries, module_events, step):
+def build_trace(rank_entries: List[dict], module_events: Dict[int, list], step: int) -> dict:
     """The Chrome trace (a JSON-ready dict) of the gathered entries' replica dp 0.
 
     rank_entries: every rank's gathered entry (events, clock_offset_s, clock_error_s, coordinates);
@@ -147,6 +148,6 @@ def build_trace(rank_entries, module_events, step):
     }
 
 
-def write_trace(trace, path):
+def write_trace(trace: dict, path: str) -> None:
     """Atomically, compact (a trace has many events)."""
     write_json(trace, path, indent=None)

@@ -5,6 +5,8 @@
 FAULT_AT=backward: the rank dies in the second BackwardPass of iteration FAULT_ITERATION.
 FAULT_AT=save: the rank dies right after writing its first file of the iteration's checkpoint.
 FAULT_AT=raise: the rank raises RuntimeError in that second BackwardPass instead (a bug, not a kill).
+FAULT_AT=entry: the rank raises RuntimeError while building its profile entry (in get_report).
+FAULT_AT=slow: the rank sleeps SLOW_S (default 0.25) in every ForwardPass of iteration FAULT_ITERATION.
 Nothing is mocked: the process is gone, as after an OOM kill or a node failure.
 """
 import os
@@ -48,6 +50,27 @@ def fail_in_backward(fault):
     PipelineEngine._INSTRUCTION_MAP[schedule.BackwardPass] = backward
 
 
+def slow_forward():
+    original = PipelineEngine._INSTRUCTION_MAP[schedule.ForwardPass]
+    delay = float(os.environ.get("SLOW_S", "0.25"))
+
+    def forward(engine, *args, **kwargs):
+        if engine.global_steps + 1 == FAULT_ITERATION:
+            time.sleep(delay)
+        return original(engine, *args, **kwargs)
+
+    PipelineEngine._INSTRUCTION_MAP[schedule.ForwardPass] = forward
+
+
+def fail_in_entry():
+    from megatron.profiler.module_profiler import ModuleProfiler
+
+    def tree(self):
+        raise RuntimeError(f"injected fault on rank {RANK}")
+
+    ModuleProfiler.tree = tree
+
+
 def kill_in_save():
     original = TorchCheckpointEngine.save
 
@@ -62,7 +85,7 @@ def kill_in_save():
 
 if RANK == FAULT_RANK:
     {"backward": lambda: fail_in_backward(die), "raise": lambda: fail_in_backward(raise_error),
-     "save": kill_in_save}[FAULT_AT]()
+     "save": kill_in_save, "entry": fail_in_entry, "slow": slow_forward}[FAULT_AT]()
 
 script = Path(__file__).resolve().parents[2] / "pretrain_gpt.py"
 sys.argv = [str(script)] + sys.argv[1:]

@@ -1,0 +1,53 @@
+"""The words of the report: what every number means, read by the JSON (`notes`), the printer
+(its Notations block and table captions) and the Chrome trace (its clock_sync method), so the three
+say the same thing."""
+
+# How the reported replica's clocks are put on rank 0's (gather.measure_clock_offset).
+CLOCK_SYNC = ("clock alignment = each rank of the reported replica pings global rank 0 over gloo; offset = "
+              "midpoint of the shortest of its round trips, error at most half that round trip")
+
+# What every number means; the printer shows these as its Notations block, so the printed formulas
+# are the ones used here.
+NOTES = {
+    "replica": "one iteration (all micro-batches) of one data-parallel replica (the ranks with dp rank 0)",
+    "flops": "matrix work only (GEMM, attention, convolution), 2 flops per multiply-accumulate; "
+             "fwd = forward pass, bwd = backward kernels as executed, "
+             "recompute = forward re-run inside backward by activation checkpointing",
+    "stage_merge": "a stage's counts are summed over its tp ranks, its times are the largest over them "
+                   "(module latencies all from the rank slowest in that phase), "
+                   "instruction and module call counts are one rank's",
+    "params": "params of model = sum over stages of the tp shards' params, parameters replicated over tp "
+              "(norms, row-parallel biases) and tied modules counted once",
+    "params_per_gpu": "params per GPU = a stage's parameters held by one rank (largest over its tp ranks)",
+    "flops_per_gpu": "flops per GPU = flops of model / (pp * tp)",
+    "latency": "fwd / bwd / step latency = total time of the ForwardPass / BackwardPass / OptimizerStep "
+               "instructions of the bounding stage",
+    "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
+    "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
+    "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp) / 1e12",
+    "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp) / 1e12",
+    "samples_per_s": "samples/s = micro-batches * micro-batch size * dp / iter latency; "
+                     "tokens/s = samples/s * seq length",
+    "mfu": "MFU = model TFLOPS per GPU / the device's dense peak TFLOPS",
+    "analytic": "analytic flops = Megatron-LM formula for this iteration, one replica (fwd + bwd + recompute); "
+                "ratio = measured (fwd + bwd + recompute) / analytic",
+    "comm_s": "comm+wait = Send*/Recv* instructions, including waiting for the neighbouring stage",
+    "other_s": "other = train_batch time outside every instruction (at least 0)",
+    "busy_share": "share = (fwd + bwd + step) / iter latency",
+    "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
+                  "(tied) has its params once and its flops, calls and latencies summed over stages",
+    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / iter latency / tp / 1e12",
+    "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
+              "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
+              "tp rank, "
+              "ideal 1F1B idle fraction = (pp - 1) / (micro-batches + pp - 1); "
+              "wait for the bounding stage = its fwd + bwd + step - the stage's",
+    "clock_sync": CLOCK_SYNC,
+    "stragglers": "stragglers = per stage, each replica's train_batch, fwd, bwd and comm+wait time (its slowest "
+                  "tp rank's) over all data-parallel replicas: min, median, max and the slowest replica's ranks",
+}
+
+# Captions of the printer's tables.
+STAGE_TABLE_CAPTION = "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"
+STRAGGLER_TABLE_CAPTION = ("Stragglers (per stage, over the data-parallel replicas; a replica's time is its slowest "
+                           "tp rank's):")

@@ -1,0 +1,176 @@
+"""The report's gather (gather.py) and the straggler view (stragglers.py).
+
+In process: the fixed-size samples, the straggler view's exact figures, the gathered form of
+build_report (replica 0's entries + every rank's sample) against the all-entries form, the grid
+layout. Over real gloo processes: gather_report on pp 2 x tp 2 x dp 2 gives every rank the report
+built from all entries, and a rank that fails to build its entry is named to every rank. Under the
+deepspeed launcher: a rank slowed in its forward passes is named by the straggler view, and a
+rank failing in get_report ends the run with every rank naming it.
+"""
+import json
+import os
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from megatron.profiler.gather import EngineLayout, RankEntry, ReportError, ReportGroups, RunMeta, gather_report
+from megatron.profiler.printer import format_report
+from megatron.profiler.report import build_report, validate_report
+from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
+from tests.helpers.flags import TINY_GPT, layout
+from tests.helpers.launch import REPO, explain, free_port, launch
+from tests.test_profiler_report import DP, PP, TP, make_meta, rank_entries, train_batch_s
+
+FAULT_SCRIPT = REPO / "tests" / "scripts" / "pretrain_with_fault.py"
+
+
+def by_rank():
+    return {e["global_rank"]: e for e in rank_entries()}
+
+
+# ---------------------------------------------------------------- in process
+def test_samples_are_fixed_size_and_round_trip_exactly():
+    sample = RankSample(5, 1, 0, 1, 0.1 + 0.2, 1 / 3, 2.5, 0.0)
+    failed = RankSample(6, 1, 1, 1, float("inf"), 0.0, 0.0, 0.0, failure="RuntimeError: é" + "x" * 500)
+    assert len(sample.to_bytes()) == len(failed.to_bytes()) == SAMPLE_BYTES
+    assert RankSample.from_bytes(sample.to_bytes()) == sample
+    assert RankSample.from_bytes(failed.to_bytes()).failure.startswith("RuntimeError: éxxx")
+
+
+def test_gathered_form_builds_the_same_report():
+    """What rank 0 holds after the gather (replica 0's entries, every rank's sample) gives exactly the
+    report built from every rank's entry."""
+    entries = rank_entries()
+    replica = [e for e in entries if e["dp_rank"] == 0]
+    samples = [RankSample.from_entry(e) for e in entries]
+    assert build_report(replica, make_meta(), samples) == build_report(entries, make_meta())
+    with pytest.raises(ValueError, match="need one sample from each of the 8 ranks"):
+        build_report(replica, make_meta(), samples[1:])
+    with pytest.raises(ValueError, match="do not cover replica 0's pp x tp grid"):
+        build_report(replica[1:], make_meta(), samples)
+
+
+def test_straggler_view_is_exact_and_names_the_slowest_replica():
+    report = build_report(rank_entries(), make_meta())
+    validate_report(report)
+    stages = report["stragglers"]["stages"]
+    assert [s["stage_id"] for s in stages] == [0, 1] and all(s["replicas"] == DP for s in stages)
+    for stage in stages:
+        stage_id = stage["stage_id"]
+        fast = max(train_batch_s(stage_id, t) for t in range(TP))  # a replica's time: its slowest tp rank's
+        # replica dp 1 took 1 s longer on every rank (test_profiler_report's entries)
+        assert stage["train_batch_s"] == {"min": fast, "median": (fast + fast + 1.0) / 2, "max": fast + 1.0,
+                                          "slowest_dp_rank": 1,
+                                          "slowest_ranks": [stage_id * DP * TP + TP + t for t in range(TP)]}
+        # equal forward times: the tie goes to the lowest dp rank
+        assert stage["fwd_s"]["min"] == stage["fwd_s"]["max"] and stage["fwd_s"]["slowest_dp_rank"] == 0
+    text = format_report(report)
+    assert "Stragglers (per stage, over the data-parallel replicas" in text
+    assert "  0      train_batch  201.42 ms  701.42 ms  1.2 s      dp 1 (ranks 2,3)" in text
+
+
+def test_layout_finds_every_rank_as_deepspeed_lays_them_out():
+    topology = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=3)
+    with_topology = EngineLayout(0, 0, 0, 2, 2, 3, topology)
+    without = EngineLayout(0, 0, 0, 2, 2, 3)
+    for rank in range(12):
+        coord = topology.get_coord(rank)
+        assert with_topology.rank_of(coord.pipe, coord.model, coord.data) == rank
+        assert without.rank_of(coord.pipe, coord.model, coord.data) == rank
+    assert with_topology.replica_ranks() == [0, 1, 6, 7] and with_topology.stage_leaders() == [0, 6]
+
+
+# ---------------------------------------------------------------- gather_report over gloo
+FAILING_RANK = 5
+
+
+def _gather_worker(rank, world, port, out_dir):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mine = by_rank()[rank]
+        here = EngineLayout(mine["stage_id"], mine["tp_rank"], mine["dp_rank"], PP, TP, DP)
+        groups = ReportGroups.for_layout(here)
+        assert ReportGroups.for_layout(here) is groups  # made once
+
+        def entry():
+            return RankEntry(**mine, events=[])
+
+        def meta():
+            return RunMeta(**make_meta())
+
+        result = gather_report(here, groups, entry, meta, build_report)
+        outcome = {"report": result.report,
+                   "replica": None if result.replica_entries is None else len(result.replica_entries)}
+
+        def failing_entry():
+            if rank == FAILING_RANK:
+                raise RuntimeError(f"injected fault on rank {rank}")
+            return entry()
+        try:
+            gather_report(here, groups, failing_entry, meta, build_report)
+        except ReportError as e:
+            outcome["error"] = [str(e), e.failed_ranks]
+        except RuntimeError as e:
+            outcome["error"] = [f"own: {e}", None]
+        with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+            json.dump(outcome, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.launch
+def test_gather_gives_every_rank_the_report_and_names_a_failed_rank(tmp_path):
+    world = PP * TP * DP
+    mp.spawn(_gather_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    outcomes = {r: json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)}
+    # No events in these entries: no clock alignment shows in the report, which is exactly the
+    # report of every entry.
+    expected = json.loads(json.dumps(build_report(rank_entries(), make_meta())))
+    for rank, outcome in outcomes.items():
+        assert outcome["report"] == expected, rank
+        assert outcome["replica"] == (PP * TP if rank == 0 else None)
+        if rank == FAILING_RANK:
+            assert outcome["error"] == [f"own: injected fault on rank {FAILING_RANK}", None]
+        else:
+            assert outcome["error"] == [f"the profile report was not built: rank {FAILING_RANK} failed building "
+                                        f"its profile entry: RuntimeError: injected fault on rank {FAILING_RANK}",
+                                        [FAILING_RANK]]
+
+
+# ---------------------------------------------------------------- pretrain_gpt.py, dp 2 x pp 2
+def _fault_run(tmp_path, at, extra_env=None):
+    flags = TINY_GPT + layout(pp=2) + ["--global-batch-size", "8", "--train-iters", "2", "--profile-flops-step", "2",
+                                       "--profile-flops-output", tmp_path / "profile"]
+    env = {"FAULT_RANK": "3", "FAULT_ITERATION": "2", "FAULT_AT": at, "MEGATRON_DIST_TIMEOUT_S": "60"}
+    env.update(extra_env or {})
+    return launch(FAULT_SCRIPT, 4, flags, cwd=tmp_path, timeout=300, env=env)
+
+
+@pytest.mark.launch
+def test_a_rank_slowed_in_its_forward_is_named_by_the_straggler_view(tmp_path):
+    """Rank 3 (stage 1, dp rank 1) sleeps 0.25 s in each of its 2 forward passes of the profiled iteration."""
+    process = _fault_run(tmp_path, "slow")
+    assert process.returncode == 0, explain(process)
+    report = json.loads((tmp_path / "profile" / "flops_profile_step2.json").read_text())
+    validate_report(report)
+    fwd = report["stragglers"]["stages"][1]["fwd_s"]
+    assert fwd["slowest_dp_rank"] == 1 and fwd["slowest_ranks"] == [3], fwd
+    assert fwd["max"] - fwd["min"] >= 2 * 0.25
+    assert report["stragglers"]["stages"][0]["fwd_s"]["max"] < fwd["max"]
+    rows = [line.split() for line in process.stdout.splitlines() if line.startswith("  1      fwd ")]
+    assert len(rows) == 1 and rows[0][-3:] == ["1", "(ranks", "3)"], process.stdout
+
+
+@pytest.mark.launch
+def test_a_rank_failing_in_the_report_is_named_by_every_rank(tmp_path):
+    process = _fault_run(tmp_path, "entry")
+    output = process.stdout + process.stderr
+    assert process.returncode == 1, explain(process)
+    lines = {rank: [line for line in output.splitlines() if line.startswith(f"error: rank {rank} ")]
+             for rank in range(4)}
+    assert lines[3] == ["error: rank 3 failed in iteration 2: RuntimeError: injected fault on rank 3"], output
+    for rank in (0, 1, 2):
+        assert lines[rank] == [f"error: rank {rank} stops in iteration 2: rank 3 failed first (building its "
+                               f"profile entry: RuntimeError: injected fault on rank 3)"], output
