@@ -157,7 +157,7 @@ def test_a_rank_slowed_in_its_forward_is_named_by_the_straggler_view(tmp_path):
     validate_report(report)
     fwd = report["stragglers"]["stages"][1]["fwd_s"]
     assert fwd["slowest_dp_rank"] == 1 and fwd["slowest_ranks"] == [3], fwd
-    assert fwd["max"] - fwd["min"] >= 2 * 0.25
+    assert fwd["max"] >= 2 * 0.25 > 4 * fwd["min"]  # the sleeps alone, against an unslowed forward
     assert report["stragglers"]["stages"][0]["fwd_s"]["max"] < fwd["max"]
     rows = [line.split() for line in process.stdout.splitlines() if line.startswith("  1      fwd ")]
     assert len(rows) == 1 and rows[0][-3:] == ["1", "(ranks", "3)"], process.stdout
