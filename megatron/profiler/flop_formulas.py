@@ -8,7 +8,7 @@ Two kinds:
 2. per-module formulas, for modules whose kernels never reach the aten dispatcher (apex's fused
    layer norm, Megatron's fused softmax), so no dispatch mode can see them.
 
-Conventions (specs/flops-profile.md): 2 FLOPs per multiply-accumulate, attention counted dense
+Conventions (docs/profiling.md): 2 FLOPs per multiply-accumulate, attention counted dense
 (no causal discount), matrix-class work only in fwd/bwd/recompute_flops.
 
 Which op `F.scaled_dot_product_attention` reaches on CPU (torch 2.13, checked for float32 and bfloat16,

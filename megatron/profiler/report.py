@@ -1,6 +1,6 @@
 """Turn the gathered per-rank measurements into the profile report (schema_version 2).
 
-The contract is specs/flops-profile.md and flops-profile.schema.json (beside this file, loaded by
+The contract is flops-profile.schema.json (beside this file, loaded by
 path relative to this module; an installed wheel needs it as package data). Beyond the schema the
 report carries:
 - top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update),
