@@ -282,7 +282,7 @@ def _positive_int_flag(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
@@ -435,7 +435,8 @@ def _validate_partition(args, pp):
         try:
             re.compile(method[len("type:"):])
         except re.error as error:
-            raise ArgumentError(f"--pp-partition-method {method!r} is not a valid regular expression: {error}")
+            message = f"--pp-partition-method {method!r} is not a valid regular expression: {error}"
+            raise ArgumentError(message) from None
     if method == DEFAULT_PARTITION_METHOD:
         _require(pp <= args.num_layers, f"--pipeline-model-parallel-size {pp} exceeds --num-layers "
                                         f"{args.num_layers}: a stage would hold no layer")
@@ -549,8 +550,13 @@ def _dest(flag):
 
 def _validate_load(args):
     if args.load:
-        from megatron.checkpointing import LATEST_FILE, CheckpointError, check_checkpoint_args, read_latest_tag, \
-            saved_args
+        from megatron.checkpointing import (
+            LATEST_FILE,
+            CheckpointError,
+            check_checkpoint_args,
+            read_latest_tag,
+            saved_args,
+        )
 
         tag = read_latest_tag(args.load)
         _require(tag is None or os.path.isdir(os.path.join(args.load, tag)),
@@ -561,7 +567,7 @@ def _validate_load(args):
                 if saved is not None:
                     check_checkpoint_args(saved, args)
             except CheckpointError as error:
-                raise ArgumentError(f"--load {args.load}: {error}")
+                raise ArgumentError(f"--load {args.load}: {error}") from None
 
 
 def _validate_data(args):
@@ -572,7 +578,7 @@ def _validate_data(args):
         try:
             split = [float(x) for x in args.split.replace("/", ",").split(",")]
         except ValueError:
-            raise ArgumentError(f"--split {args.split!r} is not a list of numbers like 969,30,1")
+            raise ArgumentError(f"--split {args.split!r} is not a list of numbers like 969,30,1") from None
         _require(sum(split) > 0 and all(x >= 0 for x in split), f"--split {args.split!r} needs non-negative weights")
         _check_indexed_datasets(args.data_path)
 
@@ -585,12 +591,12 @@ def _check_indexed_datasets(data_path):
     try:
         prefixes = data_path if len(data_path) == 1 else parse_blend(data_path)[0]
     except ValueError as error:
-        raise ArgumentError(f"--data-path: {error}")
+        raise ArgumentError(f"--data-path: {error}") from None
     for prefix in prefixes:
         try:
             MMapIndexedDataset(prefix)
         except IndexFileError as error:
-            raise ArgumentError(str(error))
+            raise ArgumentError(str(error)) from None
 
 
 def _validate_profiler(args):
@@ -633,9 +639,9 @@ def _build_deepspeed_config(args):
             with open(args.deepspeed_config) as f:
                 config = json.load(f)
         except OSError as error:
-            raise ArgumentError(f"cannot read --deepspeed_config {args.deepspeed_config}: {error.strerror}")
+            raise ArgumentError(f"cannot read --deepspeed_config {args.deepspeed_config}: {error.strerror}") from None
         except json.JSONDecodeError as error:
-            raise ArgumentError(f"--deepspeed_config {args.deepspeed_config} is not valid JSON: {error}")
+            raise ArgumentError(f"--deepspeed_config {args.deepspeed_config} is not valid JSON: {error}") from None
     _require(isinstance(config, dict), f"--deepspeed_config {args.deepspeed_config} must hold a JSON object")
     refused = upstream_flags.refused_config_section(config)
     _require(refused is None, refused)

@@ -17,8 +17,10 @@ BASE = TINY_GPT + ["--train-iters", "5"]
 
 # (extra flags, world size, words the one-line message must contain)
 BAD_COMBINATIONS = [
-    (["--tensor-model-parallel-size", "3"], 6, "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
-    (["--global-batch-size", "6"], 4, "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 4"),
+    (["--tensor-model-parallel-size", "3"], 6,
+     "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
+    (["--global-batch-size", "6"], 4,
+     "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 4"),
     (["--pipeline-model-parallel-size", "8"], 8, "--pipeline-model-parallel-size 8 exceeds --num-layers 4"),
     (["--tensor-model-parallel-size", "2"], 3, "world size 3 is not divisible by tensor (2) x pipeline (1)"),
     (["--hidden-size", "30"], 1, "--hidden-size 30 is not divisible by --num-attention-heads 4"),

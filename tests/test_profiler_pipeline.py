@@ -99,9 +99,11 @@ def test_no_recompute_without_checkpointing_and_the_flag_wins_over_the_config(tm
     report = json.loads((tmp_path / "flops_profile_step1.json").read_text())
     assert report["activation_checkpointing"] is False
     for stage in report["stages"]:
-        assert all(node["recompute_flops"] == 0 and node["recompute_latency_s"] == 0 for node in _walk(stage["modules"]))
+        assert all(node["recompute_flops"] == 0 and node["recompute_latency_s"] == 0
+                   for node in _walk(stage["modules"]))
     fwd, bwd, _ = expected_flops(4, 8)
-    assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"], report["totals"]["recompute_flops"]) == (fwd, bwd, 0)
+    totals = report["totals"]
+    assert (totals["fwd_flops"], totals["bwd_flops"], totals["recompute_flops"]) == (fwd, bwd, 0)
 
 
 def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
@@ -138,7 +140,8 @@ def test_config_section_on_a_plain_deepspeed_engine(tmp_path):
     report_file = tmp_path / "flops_report.txt"
     config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
               "steps_per_print": 1000,
-              "flops_profiler": {"enabled": True, "profile_step": 1, "detailed": False, "output_file": str(report_file)}}
+              "flops_profiler": {"enabled": True, "profile_step": 1, "detailed": False,
+                                 "output_file": str(report_file)}}
     config_path = tmp_path / "ds_config.json"
     config_path.write_text(json.dumps(config))
     process = launch(REPO / "tests" / "scripts" / "plain_engine.py", 2, [config_path], cwd=tmp_path)

@@ -13,9 +13,12 @@ import torch
 import torch.nn.functional as F
 from deepspeed.accelerator import get_accelerator
 
-from megatron.mpu.mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
-                                   reduce_from_tensor_model_parallel_region,
-                                   scatter_to_tensor_model_parallel_region)
+from megatron.mpu.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
 from megatron.mpu.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from megatron.mpu.utils import VocabUtility, divide
 
