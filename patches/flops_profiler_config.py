@@ -82,11 +82,15 @@ def _engine_profiler_never_enabled(self):
     return False
 
 
-def _profiling_now(engine):
-    """The section (or autotuning) asks for this step, and no --profile-flops-step flag overrides it."""
+def _profiler_for_this_step(engine):
+    """engine.flops_profiler when the section (or autotuning) asks for this step, no --profile-flops-step
+    flag overrides it and the user is not profiling already; else None."""
     if _state["flag_step"] is not None or not wants_profiler(engine):
-        return False
-    return engine.global_steps == engine.flops_profiler_profile_step()
+        return None
+    if engine.global_steps != engine.flops_profiler_profile_step():
+        return None
+    profiler = engine.__dict__.get("flops_profiler")  # absent on an engine built before patches.apply()
+    return None if profiler is None or profiler.started else profiler
 
 
 def _print_and_end(engine, profiler):
@@ -115,9 +119,9 @@ def _set_autotuning_metric(engine, profiler):
 def _profiling_train_batch(original_train_batch):
     def train_batch(self, data_iter=None):
         """DeepSpeed gap: the section's profiler lives in DeepSpeedEngine.step(), which PipelineEngine never calls."""
-        if not _profiling_now(self) or self.flops_profiler.started:  # not twice, if the user profiles it
+        profiler = _profiler_for_this_step(self)
+        if profiler is None:
             return original_train_batch(self, data_iter)
-        profiler = self.flops_profiler
         profiler.start_profile()
         try:
             loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original
@@ -134,9 +138,9 @@ def _profiling_train_batch(original_train_batch):
 def _profiling_forward(original_forward):
     def forward(self, *inputs, **kwargs):
         """DeepSpeed gap: the section's profiler counts global rank 0's first forward micro-batch only."""
-        if isinstance(self, PipelineEngine) or not _profiling_now(self) or self.flops_profiler.started:
+        profiler = None if isinstance(self, PipelineEngine) else _profiler_for_this_step(self)
+        if profiler is None:
             return original_forward(self, *inputs, **kwargs)
-        profiler = self.flops_profiler
         profiler.start_profile()  # shadows forward, backward and step on this engine with timed ones
         timed_step = self.step
 

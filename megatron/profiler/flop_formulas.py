@@ -159,11 +159,12 @@ def _register_fast_path_formulas():
 _register_fast_path_formulas()
 
 
-# Name tokens of aten ops that do matrix-class work (GEMM, convolution, attention, recurrent cells,
-# linear algebra). An op with one of them and no formula is reported as uncounted, never silently 0.
+# Name tokens of aten ops that do matrix-class work (GEMM, convolution, attention, recurrent cells; not
+# norms such as linalg_vector_norm). An op with one of them and no formula is reported as uncounted,
+# never silently 0.
 _MATRIX_TOKENS = frozenset((
     "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "addr", "linear",
-    "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "linalg", "convolution"))
+    "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "convolution"))
 
 
 def is_matrix_class(op_name):
