@@ -4,7 +4,7 @@
 """
 import torch
 
-from megatron.data_iterators import SyntheticGPTDataset
+from megatron.data_iterators import synthetic_datasets
 from megatron.global_vars import get_args
 from megatron.model import GPTModel, GPTModelPipe
 from megatron.training import pretrain
@@ -29,11 +29,9 @@ def forward_step(data_iterator, engine):
 def train_valid_test_datasets_provider(train_valid_test_num_samples):
     args = get_args()
     if not args.data_path:
-        _set_synthetic_vocab(args)
-        print_rank_0(f"> no --data-path: using SYNTHETIC data (uniform random tokens, vocab {args.padded_vocab_size})")
-        train, valid, test = (SyntheticGPTDataset(n, args.seq_length, args.padded_vocab_size, args.seed + i)
-                              for i, n in enumerate(train_valid_test_num_samples))
-        return train, valid, test
+        datasets = synthetic_datasets(args, train_valid_test_num_samples)
+        print_rank_0(f"> no --data-path: using SYNTHETIC data (repeated random motifs, vocab {args.padded_vocab_size})")
+        return datasets
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
     from megatron.tokenizer import build_tokenizer
 
@@ -48,11 +46,6 @@ def train_valid_test_datasets_provider(train_valid_test_num_samples):
     datasets = build() if torch.distributed.get_rank() == 0 else None
     torch.distributed.barrier()
     return datasets if datasets is not None else build()
-
-
-def _set_synthetic_vocab(args):
-    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
-    args.padded_vocab_size = -(-args.synthetic_vocab_size // multiple) * multiple
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def init_megatron(shape, pipeline):
     """initialize_megatron (distributed, model-parallel groups, seeds) for `shape`; returns args.
 
     The world must hold exactly `pipeline` ranks (one data-parallel replica)."""
-    import pretrain_gpt
+    from megatron.data_iterators import synthetic_datasets
     from megatron.initialize import initialize_megatron
 
     world = int(os.environ["WORLD_SIZE"])
@@ -99,17 +99,17 @@ def init_megatron(shape, pipeline):
     args = initialize_megatron(argv=flags, args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
     unlink_shm_buffer()
     # The synthetic dataset provider also sets the padded vocabulary the model is built with.
-    args.train_dataset, _, _ = pretrain_gpt.train_valid_test_datasets_provider([10**6, 0, 0])
+    args.train_dataset, _, _ = synthetic_datasets(args, [10**6, 0, 0])
     return args
 
 
 def build_pipeline_engine(args):
     """The PipelineEngine pretrain_gpt.py trains, and a step() running one train_batch on it."""
-    import pretrain_gpt
     from megatron.data_iterators import pipeline_batches
+    from megatron.model import GPTModelPipe
     from megatron.training import setup_model_and_optimizer
 
-    engine = setup_model_and_optimizer(pretrain_gpt.model_provider)[0][0]
+    engine = setup_model_and_optimizer(lambda: GPTModelPipe(args))[0][0]
     data = pipeline_batches(args.train_dataset, 0, args.micro_batch_size, 1, 0)
     needs_data = engine.is_first_stage() or engine.is_last_stage()
 

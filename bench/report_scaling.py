@@ -1,10 +1,8 @@
 """What getting the profile report costs as data parallelism grows: the former design against the current one.
 
-    PYTHONPATH=. python bench/report_scaling.py           # pp 2 x dp 1, 2, 4, 8 (2 to 16 ranks), simulated to 4,096
-    PYTHONPATH=. python bench/report_scaling.py --quick   # the tiniest GPT, dp 1 and 2 (a smoke run)
-    PYTHONPATH=. python bench/report_scaling.py --plot docs/report_scaling.png    # also draw the figures
-
-(run from the repository root: the spawned ranks import pretrain_gpt from it)
+    python bench/report_scaling.py           # pp 2 x dp 1, 2, 4, 8 (2 to 16 ranks), simulated to 4,096
+    python bench/report_scaling.py --quick   # the tiniest GPT, dp 1 and 2 (a smoke run)
+    python bench/report_scaling.py --plot docs/report_scaling.png    # also draw the figures
 
 Former design (copied here, no longer in the library): every rank's whole entry all-gathered over
 the world (all_gather_object), rank 0 pinged by every other rank in turn, the report built on every
@@ -121,7 +119,7 @@ def former_get_report(profiler):
 
 # ---------------------------------------------------------------- one real run
 def init(shape, dp):
-    import pretrain_gpt
+    from megatron.data_iterators import synthetic_datasets
     from megatron.initialize import initialize_megatron
 
     torch.set_num_threads(1)
@@ -130,7 +128,7 @@ def init(shape, dp):
     flags[flags.index("--global-batch-size") + 1] = str(shape["micro_batch"] * shape["micro_batches"] * dp)
     args = initialize_megatron(argv=flags, args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
     unlink_shm_buffer()
-    args.train_dataset, _, _ = pretrain_gpt.train_valid_test_datasets_provider([10**6, 0, 0])
+    args.train_dataset, _, _ = synthetic_datasets(args, [10**6, 0, 0])
     return args
 
 

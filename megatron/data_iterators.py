@@ -36,6 +36,14 @@ class SyntheticGPTDataset:
         return {"text": np.resize(motif, self.seq_length + 1).astype(np.int64)}
 
 
+def synthetic_datasets(args, train_valid_test_num_samples):
+    """(train, valid, test) synthetic datasets for a run without --data-path; sets args.padded_vocab_size."""
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    args.padded_vocab_size = -(-args.synthetic_vocab_size // multiple) * multiple
+    return tuple(SyntheticGPTDataset(n, args.seq_length, args.padded_vocab_size, args.seed + i)
+                 for i, n in enumerate(train_valid_test_num_samples))
+
+
 def micro_batch_indices(consumed_samples, micro_batch_size, data_parallel_size, data_parallel_rank):
     """Endless sample indices for this data-parallel rank's micro-batches, from consumed_samples on."""
     step = micro_batch_size * data_parallel_size

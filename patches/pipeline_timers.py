@@ -6,9 +6,15 @@ started" on every stage but the last. The prologue and epilogue now leave alone 
 pipeline instruction already started. Only engines whose flops_profiler section is on, or that a
 PipelineFlopsProfiler is profiling, are changed; any other engine runs DeepSpeed's own code.
 """
+import weakref
+
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.flops_profiler_config import wants_profiler
+
+# Per engine, the timers a running pipeline instruction started (kept off the engine: profiling leaves
+# no attribute behind).
+_LEFT_TO_OWNER = weakref.WeakKeyDictionary()
 
 TARGETS = ("0.19.",)
 
@@ -32,7 +38,7 @@ def _start_timers_once(self, timer_names):
     engine's backward prologue starts them again ("timer has already been started")."""
     if not _timers_fixed_for(self):
         return _engine_start_timers(self, timer_names)
-    left_to_owner = self.__dict__.setdefault("_timers_left_to_owner", set())
+    left_to_owner = _LEFT_TO_OWNER.setdefault(self, set())
     to_start = []
     for name in timer_names:
         if self.timers(name).started_:
@@ -46,7 +52,7 @@ def _stop_own_timers(self, timer_names):
     """The other half of _start_timers_once: a timer the running instruction started is left to it."""
     if not _timers_fixed_for(self):
         return _engine_stop_timers(self, timer_names)
-    left_to_owner = self.__dict__.get("_timers_left_to_owner", set())
+    left_to_owner = _LEFT_TO_OWNER.get(self, set())
     to_stop = [name for name in timer_names if name not in left_to_owner]
     left_to_owner.difference_update(timer_names)
     _engine_stop_timers(self, to_stop)

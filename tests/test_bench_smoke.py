@@ -41,9 +41,7 @@ def test_profiler_overhead_quick_under_the_deepspeed_launcher(tmp_path):
 
 def test_report_scaling_quick_spawned(tmp_path):
     command = [sys.executable, str(REPO / "bench" / "report_scaling.py"), "--quick"]
-    # its spawned ranks import pretrain_gpt from the repository root
-    env = dict(ENV, PYTHONPATH=str(REPO))
-    process = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
     assert process.returncode == 0, explain(process)
     out = process.stdout
     real = out[out.index("real runs"):out.index("link costs measured")]

@@ -9,6 +9,7 @@ rank failing in get_report ends the run with every rank naming it.
 """
 import json
 import os
+import re
 
 import pytest
 import torch.distributed as dist
@@ -157,7 +158,8 @@ def test_a_rank_slowed_in_its_forward_is_named_by_the_straggler_view(tmp_path):
     validate_report(report)
     fwd = report["stragglers"]["stages"][1]["fwd_s"]
     assert fwd["slowest_dp_rank"] == 1 and fwd["slowest_ranks"] == [3], fwd
-    assert fwd["max"] >= 2 * 0.25 > 4 * fwd["min"]  # the sleeps alone, against an unslowed forward
+    # the sleeps are inside its timed ForwardPass instructions; the other replica's forward takes milliseconds
+    assert fwd["max"] >= 2 * 0.25 and fwd["min"] < 0.5 * fwd["max"], fwd
     assert report["stragglers"]["stages"][0]["fwd_s"]["max"] < fwd["max"]
     rows = [line.split() for line in process.stdout.splitlines() if line.startswith("  1      fwd ")]
     assert len(rows) == 1 and rows[0][-3:] == ["1", "(ranks", "3)"], process.stdout
@@ -168,9 +170,15 @@ def test_a_rank_failing_in_the_report_is_named_by_every_rank(tmp_path):
     process = _fault_run(tmp_path, "entry")
     output = process.stdout + process.stderr
     assert process.returncode == 1, explain(process)
-    lines = {rank: [line for line in output.splitlines() if line.startswith(f"error: rank {rank} ")]
-             for rank in range(4)}
+    # Ranks write to one pipe: a line may lack its newline before another rank's, so cut at each "error: rank".
+    said = re.findall(r"error: rank \d+ .*?(?=error: rank \d|\n|$)", output)
+    lines = {rank: [line for line in said if line.startswith(f"error: rank {rank} ")] for rank in range(4)}
     assert lines[3] == ["error: rank 3 failed in iteration 2: RuntimeError: injected fault on rank 3"], output
     for rank in (0, 1, 2):
-        assert lines[rank] == [f"error: rank {rank} stops in iteration 2: rank 3 failed first (building its "
-                               f"profile entry: RuntimeError: injected fault on rank 3)"], output
+        # Normally the broadcast failure names rank 3 ("stops in iteration 2: rank 3 failed first (building
+        # its profile entry: ...)"); on a loaded machine rank 3's own verdict can reach a rank's heartbeat
+        # thread first ("stops: rank 3 failed first (RuntimeError: ...)"). Either way rank 3 is named.
+        assert len(lines[rank]) == 1, output
+        assert lines[rank][0].startswith(f"error: rank {rank} stops") and \
+            "rank 3 failed first (" in lines[rank][0] and "RuntimeError: injected fault on rank 3" in lines[rank][0], \
+            output
