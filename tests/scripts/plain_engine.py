@@ -1,22 +1,16 @@
 """A plain DeepSpeedEngine script (no pipeline, no megatron code but the patches) with the
 DeepSpeed config's flops_profiler section enabled; the report goes to output_file."""
-import json
-import sys
 
 import deepspeed
 import torch
 
-import patches
+from tests.helpers.deepspeed_script import start_patched_gloo_run
 
 WIDTH = 32
 
 
 def main():
-    with open(sys.argv[-1]) as f:  # the launcher puts --local_rank=N first
-        config = json.load(f)
-    patches.apply()
-    deepspeed.init_distributed(dist_backend="gloo")
-    torch.manual_seed(0)
+    config = start_patched_gloo_run()
     model = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)

@@ -1,14 +1,12 @@
 """A plain DeepSpeed pipeline script (no megatron code but the patches): 3 stages, a tied layer,
 and the DeepSpeed config's flops_profiler section enabled."""
-import json
-import sys
 
 import deepspeed
 import torch
 import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
-import patches
+from tests.helpers.deepspeed_script import start_patched_gloo_run
 
 WIDTH = 16
 
@@ -19,11 +17,7 @@ def tied_head(linear, x):
 
 
 def main():
-    with open(sys.argv[-1]) as f:  # the launcher puts --local_rank=N first
-        config = json.load(f)
-    patches.apply()
-    deepspeed.init_distributed(dist_backend="gloo")
-    torch.manual_seed(0)
+    config = start_patched_gloo_run()
     layers = [
         TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH),
         LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.ReLU),
