@@ -49,7 +49,10 @@ def assert_all_gone(pids):
 
 
 def error_lines(text, rank):
-    return [line for line in text.splitlines() if line.startswith(f"error: rank {rank} ")]
+    """Rank `rank`'s one-line verdicts. Ranks share one pipe, so a line may lack its newline before
+    another rank's: the text is cut at each "error: rank"."""
+    said = re.findall(r"error: rank \d+ .*?(?=error: rank \d|\n|$)", text)
+    return [line for line in said if line.startswith(f"error: rank {rank} ")]
 
 
 # ---------------------------------------------------------------------------- a rank dies

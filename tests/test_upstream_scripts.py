@@ -99,7 +99,9 @@ def parsed(argv):
 
 
 def log_lines(output):
-    return [line for line in output.splitlines() if line.startswith(" iteration ")]
+    """The training log lines. Ranks share one pipe, so another rank's text may end up just before a
+    line (its newline missing): a log line is found wherever it starts, up to its end."""
+    return re.findall(r" iteration +\d+/ *\d+ \|[^\n]*", output)
 
 
 def test_trains_to_its_token_budget_and_prints_one_report(run):
