@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from megatron.tokenizer.tokenizer import padded_vocab_size
+
 
 class SyntheticGPTDataset:
     """Learnable random sequences, reproducible per sample index (no file, no tokenizer).
@@ -38,8 +40,7 @@ class SyntheticGPTDataset:
 
 def synthetic_datasets(args, train_valid_test_num_samples):
     """(train, valid, test) synthetic datasets for a run without --data-path; sets args.padded_vocab_size."""
-    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
-    args.padded_vocab_size = -(-args.synthetic_vocab_size // multiple) * multiple
+    args.padded_vocab_size = padded_vocab_size(args.synthetic_vocab_size, args)
     return tuple(SyntheticGPTDataset(n, args.seq_length, args.padded_vocab_size, args.seed + i)
                  for i, n in enumerate(train_valid_test_num_samples))
 

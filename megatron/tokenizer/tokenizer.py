@@ -88,11 +88,16 @@ def tokenizer_files_problem(args):
     return None
 
 
-def vocab_size_with_padding(orig_vocab_size, args):
-    """Round the vocabulary up so each tensor-parallel shard of the embedding is a multiple of
+def padded_vocab_size(orig_vocab_size, args):
+    """The vocabulary rounded up so each tensor-parallel shard of the embedding is a multiple of
     make_vocab_size_divisible_by rows."""
     multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
-    padded = -(-orig_vocab_size // multiple) * multiple
+    return -(-orig_vocab_size // multiple) * multiple
+
+
+def vocab_size_with_padding(orig_vocab_size, args):
+    """padded_vocab_size, said in the log on rank 0 as upstream does."""
+    padded = padded_vocab_size(orig_vocab_size, args)
     if getattr(args, "rank", 0) == 0:
         print(f" > padded vocab (size: {orig_vocab_size}) with {padded - orig_vocab_size} dummy tokens "
               f"(new size: {padded})", flush=True)
