@@ -10,7 +10,9 @@ None of that names the rank that failed. So every rank
 - then names the rank that failed first: a rank whose heartbeat stopped for GRACE_S without a record
   was killed (SIGKILL, out of memory, node lost); otherwise the rank with the first error record.
   The first rank to conclude stores the verdict; the others reuse it, and the heartbeat threads keep
-  a copy in case rank 0, and the store with it, exits next.
+  a copy in case rank 0, and the store with it, exits next. Where a collective already told every
+  rank who failed (the profile report's gather), that word is used, on the failing ranks too, so
+  they need no store to say so; rank 0 waits for them to report before it takes the store down.
 - A rank whose heartbeat thread sees a verdict ends at once, even with its main thread blocked in a
   collective that would only time out (NCCL does not notice a dead peer).
 Every rank prints one line saying why it stops, then exits non-zero.
@@ -37,6 +39,7 @@ EXIT_FAILED = 1
 EXIT_TERMINATED = 128 + signal.SIGTERM
 _PREFIX = "megatron/liveness/"
 _VERDICT = _PREFIX + "verdict"
+_SILENT = "no heartbeat"  # how a verdict on a killed rank starts: that rank will never report
 
 _monitor = None
 
@@ -99,15 +102,22 @@ class Liveness:
         if named and self.rank not in named:
             # A collective told every rank who failed (the profile report's gather): no guessing.
             self._record("stopped", summary + where)
-            self._finish(f"error: rank {self.rank} stops{where}: {_blame(named, error.reason)}", named, EXIT_FAILED)
+            self._finish(f"error: rank {self.rank} stops{where}: {_blame(named, error.reason)}", named, error.reason,
+                         EXIT_FAILED)
         self._record("error", summary + where)
-        culprits, reason = self._first_failure()
-        if culprits == [self.rank]:
+        if named:
+            # This rank is among those the collective named: it knows it failed without the store,
+            # which rank 0 may already have taken down with it.
+            culprits, reason = named, error.reason
+            self._store_verdict(culprits, reason)
+        else:
+            culprits, reason = self._first_failure()
+        if named or culprits == [self.rank]:
             traceback.print_exception(type(error), error, error.__traceback__)
             message = f"error: rank {self.rank} failed{where}: {summary}"
         else:
             message = f"error: rank {self.rank} stops{where}: {_blame(culprits, reason)}; here: {summary}"
-        self._finish(message, culprits, EXIT_FAILED)
+        self._finish(message, culprits, reason, EXIT_FAILED)
 
     def terminate(self):
         """SIGTERM: the launcher ends this node's ranks because one of them exited."""
@@ -118,7 +128,7 @@ class Liveness:
         message = f"error: rank {self.rank} stopped by SIGTERM"
         if culprits:
             message += f": {_blame(culprits, reason)}"
-        self._finish(message, culprits, EXIT_TERMINATED)
+        self._finish(message, culprits, reason, EXIT_TERMINATED)
 
     def follow(self, verdict):
         """Another rank named the failure: end this one now, wherever its main thread is."""
@@ -126,14 +136,16 @@ class Liveness:
             return
         self._record("stopped", "stopped after another rank's failure")
         culprits, reason = verdict
-        self._finish(f"error: rank {self.rank} stops: {_blame(culprits, reason)}", culprits, EXIT_FAILED)
+        self._finish(f"error: rank {self.rank} stops: {_blame(culprits, reason)}", culprits, reason, EXIT_FAILED)
 
-    def _finish(self, message, culprits, code):
+    def _finish(self, message, culprits, reason, code):
         print(message, file=sys.stderr, flush=True)
         sys.stdout.flush()
         self._record("reported", "")
         if self.rank == 0:
-            self._linger(expected=self.world_size - len(culprits))
+            # A rank that raised is alive and will report; only a silent one is gone for good.
+            gone = culprits if reason.startswith(_SILENT) else []
+            self._linger(expected=self.world_size - len(gone))
         os._exit(code)  # no interpreter teardown: destroying process groups with dead peers can hang
 
     # ------------------------------------------------------------------ the store
@@ -161,6 +173,13 @@ class Liveness:
         except Exception:
             pass
 
+    def _store_verdict(self, culprits, reason):
+        """Best effort: the first verdict stays, and a store already gone changes nothing."""
+        try:
+            self.store.compare_set(_VERDICT, "", _encode_verdict(culprits, reason))
+        except Exception:
+            pass
+
     def _records(self, kind):
         """{rank: (sequence number, text)} of the ranks that left a `kind` record."""
         found = {}
@@ -181,7 +200,7 @@ class Liveness:
                 return _decode_verdict(self.store.get(_VERDICT))
             culprits, reason = self._diagnose()
             if culprits:
-                self.store.set(_VERDICT, ",".join(map(str, culprits)) + "|" + reason)
+                self.store.set(_VERDICT, _encode_verdict(culprits, reason))
             return culprits, reason
         except Exception:
             if self._cached_verdict is not None:
@@ -201,7 +220,7 @@ class Liveness:
             if not silent or time.monotonic() >= deadline:
                 break
         if silent:
-            return silent, (f"no heartbeat for {GRACE_S:.1f} s and no error recorded: killed by a signal, "
+            return silent, (f"{_SILENT} for {GRACE_S:.1f} s and no error recorded: killed by a signal, "
                             f"out of memory, or its node went down")
         errors = sorted((number, rank, text) for rank, (number, text) in self._records("error").items())
         if errors:
@@ -219,6 +238,10 @@ class Liveness:
                 time.sleep(HEARTBEAT_S / 2)
         except Exception:
             pass
+
+
+def _encode_verdict(culprits, reason):
+    return ",".join(map(str, culprits)) + "|" + reason
 
 
 def _decode_verdict(raw):

@@ -320,9 +320,11 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, build_entry: Calla
         outcome[0], build_error = _outcome(replica, samples, build_meta, build)
         failure = failure or build_error
     dist.broadcast_object_list(outcome, src=0, group=groups.world)
-    if failure is not None:  # this rank's own error, as raised
-        raise failure
     kind, value = outcome[0]
+    if failure is not None:  # this rank's own error, as raised, carrying what every other rank was told
+        if kind == "error":
+            failure.failed_ranks, failure.reason = value[1], value[2]
+        raise failure
     if kind == "error":
         message, failed, reason = value
         raise ReportError(message, failed, reason)

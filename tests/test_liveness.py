@@ -1,0 +1,72 @@
+"""megatron/liveness.py on its own: what a rank says when it fails after the rendezvous store is gone.
+
+Two plain processes, no training: one hosts the TCPStore (as global rank 0 does), the other starts
+the heartbeat as rank 3 of 4. The host is killed, then rank 3 fails. Rank 0 may well exit before a
+failing rank has written its verdict; the failing rank must still name itself, not blame rank 0.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers.launch import REPO, free_port
+
+STORE_HOST = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+FAILING_RANK = textwrap.dedent("""
+    import os, sys
+    from megatron import liveness
+    liveness.start(rank=3, world_size=4)
+    print("started", flush=True)
+    sys.stdin.readline()  # the test kills the store's host, then says go
+    error = RuntimeError("injected fault on rank 3")
+    {attach}
+    liveness.exit_after_failure(error, iteration=2)
+""")
+
+
+def _fail_after_the_store_is_gone(attach):
+    port = free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+    host = subprocess.Popen([sys.executable, "-c", STORE_HOST, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "ready"
+        rank = subprocess.Popen([sys.executable, "-c", FAILING_RANK.format(attach=attach)], env=env, cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert rank.stdout.readline().strip() == "started"
+        host.send_signal(signal.SIGKILL)
+        host.wait(timeout=10)
+        _, stderr = rank.communicate("go\n", timeout=60)
+        return rank.returncode, [line for line in stderr.splitlines() if line.startswith("error: rank")]
+    finally:
+        host.kill()
+
+
+@pytest.mark.launch
+def test_a_rank_the_report_named_says_it_failed_when_the_store_is_gone():
+    """The report's gather told every rank who failed (failed_ranks); the failing rank needs no store to know."""
+    code, lines = _fail_after_the_store_is_gone(
+        'error.failed_ranks, error.reason = [3], "building its profile entry: RuntimeError: injected fault"')
+    assert code == 1
+    assert lines == ["error: rank 3 failed in iteration 2: RuntimeError: injected fault on rank 3"]
+
+
+@pytest.mark.launch
+def test_a_rank_failing_alone_with_the_store_gone_says_the_store_host_ended():
+    """Without a collective's word, a rank that cannot reach the store cannot order failures: rank 0 ended."""
+    code, lines = _fail_after_the_store_is_gone("")
+    assert code == 1
+    assert len(lines) == 1 and lines[0].startswith("error: rank 3 stops in iteration 2: rank 0 failed first "
+                                                   "(the rendezvous store it hosts at 127.0.0.1:"), lines
+    assert lines[0].endswith("here: RuntimeError: injected fault on rank 3"), lines
