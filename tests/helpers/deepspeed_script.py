@@ -1,5 +1,6 @@
 """The start of a plain DeepSpeed script run by the deepspeed launcher (tests/scripts/): its config, the
 patches applied, gloo, a fixed seed."""
+import atexit
 import json
 import sys
 
@@ -16,5 +17,7 @@ def start_patched_gloo_run(seed=0):
         config = json.load(f)
     patches.apply()
     deepspeed.init_distributed(dist_backend="gloo")
+    # Gloo's worker threads, left to the interpreter's teardown, can abort a finished run at exit.
+    atexit.register(torch.distributed.destroy_process_group)
     torch.manual_seed(seed)
     return config

@@ -7,6 +7,7 @@ MODE "patched": patches.apply() first, the section on at PROFILE_STEP. Every ran
 OUT_DIR/<name>.rank<r>.json: the losses (float.hex) and, patched, what engine.flops_profiler returned.
 Global rank 0 also gets the printed report in OUT_DIR/<name>.profile.txt (the section's output_file).
 """
+import atexit
 import json
 import sys
 from pathlib import Path
@@ -255,6 +256,7 @@ def main():
         import patches
         patches.apply()
     deepspeed.init_distributed(dist_backend="gloo")
+    atexit.register(torch.distributed.destroy_process_group)  # before gloo's threads meet the teardown
     rank = torch.distributed.get_rank()
     for name in names:
         scenario = SCENARIOS[name]
