@@ -300,19 +300,7 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, build_entry: Calla
         sample = RankSample(rank, layout.stage, layout.tp_rank, layout.dp_rank, nan, nan, nan, nan,
                             failure=payload.summary)
 
-    stage_entries = None
-    if layout.in_replica:
-        stage_entries = [payload]
-        if layout.tp > 1:
-            gathered = [None] * layout.tp if layout.tp_rank == 0 else None
-            dist.gather_object(payload, gathered, dst=layout.rank_of(layout.stage, 0, 0), group=groups.tensor)
-            stage_entries = gathered
-    replica = None
-    if layout.in_replica and layout.tp_rank == 0:
-        per_stage = [None] * layout.pp if rank == 0 else None
-        dist.gather_object(stage_entries, per_stage, dst=0, group=groups.leaders)
-        if rank == 0:
-            replica = [e for stage in per_stage for e in stage]
+    replica = gather_replica(payload, layout, groups) if layout.in_replica else None
     samples = _gather_samples(sample, groups.world, layout.world_size)
 
     outcome = [None]
@@ -329,6 +317,24 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, build_entry: Calla
         message, failed, reason = value
         raise ReportError(message, failed, reason)
     return GatherResult(value, replica if rank == 0 else None)
+
+
+def gather_replica(payload: object, layout: EngineLayout, groups: ReportGroups) -> Optional[List[object]]:
+    """Collective over replica 0's ranks only (the others must not call it): every payload on global
+    rank 0, in (stage, tp rank) order; None elsewhere. Each stage's tensor ranks gather to its tp
+    rank 0, then those gather to rank 0, so no rank receives more than its replica's payloads."""
+    stage_payloads = [payload]
+    if layout.tp > 1:
+        gathered = [None] * layout.tp if layout.tp_rank == 0 else None
+        dist.gather_object(payload, gathered, dst=layout.rank_of(layout.stage, 0, 0), group=groups.tensor)
+        stage_payloads = gathered
+    if layout.tp_rank != 0:
+        return None
+    per_stage = [None] * layout.pp if dist.get_rank() == 0 else None
+    dist.gather_object(stage_payloads, per_stage, dst=0, group=groups.leaders)
+    if per_stage is None:
+        return None
+    return [p for stage in per_stage for p in stage]
 
 
 def _gather_samples(sample: RankSample, group, world: int) -> Optional[List[RankSample]]:

@@ -15,7 +15,7 @@ measurements (and a few timings of every rank) to global rank 0, which builds th
 broadcasts it (gather.py: the cost does not grow with data parallelism); only global rank 0 prints
 and writes files. The replica's clocks are aligned to rank 0's (gather.measure_clock_offset), so
 that the stages' events share one time line: the bubble analysis and the Chrome trace (trace.py)
-use it. The trace's module slices are gathered to rank 0 only (they are many and only rank 0 writes).
+use it. The trace's module slices travel from replica 0's ranks to rank 0 only (gather_replica).
 """
 import functools
 import time
@@ -24,7 +24,14 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from megatron.profiler.gather import EngineLayout, ReportGroups, RunMeta, build_rank_entry, gather_report
+from megatron.profiler.gather import (
+    EngineLayout,
+    ReportGroups,
+    RunMeta,
+    build_rank_entry,
+    gather_replica,
+    gather_report,
+)
 from megatron.profiler.gather import measure_clock_offset as measure_clock_offset  # its former home
 from megatron.profiler.instruction_timer import InstructionTimer
 from megatron.profiler.module_profiler import ModuleProfiler
@@ -242,13 +249,11 @@ class PipelineFlopsProfiler:
         """Collective. Global rank 0 writes the Chrome trace (Perfetto, chrome://tracing) of the
         reported replica to path: a process per stage, a track per tensor rank (trace.py)."""
         report = self.get_report(profile_step)
-        rank = dist.get_rank()
-        mine = self.module_profiler.events() if self.layout.in_replica else None
-        gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((rank, mine), gathered, dst=0)
-        if rank == 0:
-            module_events = {r: events for r, events in gathered if events is not None}
-            write_trace(build_trace(self._entries, module_events, report["step"]), path)
+        if not self.layout.in_replica:  # the trace shows replica 0 only; its ranks alone gather
+            return
+        gathered = gather_replica((dist.get_rank(), self.module_profiler.events()), self.layout, self._groups)
+        if gathered is not None:
+            write_trace(build_trace(self._entries, dict(gathered), report["step"]), path)
 
 
 def _unpatched(method):
