@@ -106,10 +106,10 @@ def counting(counter):
 # ---------------------------------------------------------------- the former design, kept to compare
 def former_get_report(profiler):
     """The report as get_report made it before: world-wide all_gather_object, sequential pings, every rank builds."""
-    from megatron.profiler.gather import RunMeta, build_rank_entry, measure_clock_offset
+    from megatron.profiler.gather import RunMeta, measure_clock_offset
     from megatron.profiler.report import build_report
 
-    entry = build_rank_entry(profiler, profiler.layout).as_dict()
+    entry = profiler.rank_entry().as_dict()
     entry["clock_offset_s"], entry["clock_error_s"] = measure_clock_offset()  # every rank pings rank 0 in turn
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, entry)

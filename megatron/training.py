@@ -203,7 +203,7 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     """Profile this step on every rank; rank 0 prints the report and writes the JSON and, beside it, the
     Chrome trace; the TensorBoard writer (on the last rank) gets the report's headline scalars."""
     from megatron.profiler import PipelineFlopsProfiler
-    from megatron.profiler.report import profile_scalars
+    from megatron.profiler.files import write_tensorboard_scalars
 
     profiler = PipelineFlopsProfiler(model[0], seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args),
                                      peak_tflops=args.peak_tflops)
@@ -215,9 +215,7 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     profiler.write_json(os.path.join(args.profile_flops_output, f"flops_profile_step{step}.json"))
     profiler.write_trace(os.path.join(args.profile_flops_output, f"pipeline_trace_step{step}.json"))
     if writer is not None:
-        for tag, value in profile_scalars(profiler.get_report()).items():
-            writer.add_scalar(tag, value, step)
-        writer.flush()
+        write_tensorboard_scalars(profiler.get_report(), writer, step)
     profiler.end_profile()
     return loss, skipped
 

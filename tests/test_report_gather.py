@@ -16,9 +16,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
+from megatron.profiler.files import validate_report
 from megatron.profiler.gather import EngineLayout, RankEntry, ReportError, ReportGroups, RunMeta, gather_report
 from megatron.profiler.printer import format_report
-from megatron.profiler.report import build_report, validate_report
+from megatron.profiler.report import build_report
 from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, explain, free_port, launch

@@ -13,10 +13,11 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
+from megatron.profiler.files import validate_report
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.pipeline_profiler import measure_clock_offset
 from megatron.profiler.printer import duration_to_string, format_report
-from megatron.profiler.report import build_report, validate_report
+from megatron.profiler.report import build_report
 from megatron.profiler.trace import FLOW_CATEGORY, INSTRUCTION_CATEGORY, build_trace
 from tests.helpers.launch import free_port
 from tests.helpers.profiled_runs import PROFILE_STEP, profiled_run

@@ -19,12 +19,15 @@ with and without `is_causal`):
   dK backward: 4 bmm = 2x forward). torch's bmm formula counts those.
 On CUDA the flash / memory-efficient / cuDNN ops are in torch's registry already.
 """
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch.utils import flop_counter
 
 aten = torch.ops.aten
+
+Shape = Sequence[int]  # a tensor's shape, as torch's flop registry passes it
+ModuleFlopsFn = Callable[[torch.nn.Module, tuple, Any], int]  # (module, inputs, output) -> flops
 
 
 def _attention_shapes(query_shape, key_shape, value_shape):
@@ -34,14 +37,14 @@ def _attention_shapes(query_shape, key_shape, value_shape):
     return batch * heads, q_len, k_len, head_dim, v_dim
 
 
-def attention_forward_flops(query_shape: Sequence[int], key_shape: Sequence[int], value_shape: Sequence[int]) -> int:
+def attention_forward_flops(query_shape: Shape, key_shape: Shape, value_shape: Shape) -> int:
     """Dense attention forward: S = Q K^T and O = P V, 2 GEMMs."""
     bh, q_len, k_len, head_dim, v_dim = _attention_shapes(query_shape, key_shape, value_shape)
     return 2 * bh * q_len * k_len * (head_dim + v_dim)
 
 
-def flash_attention_backward_flops(query_shape: Sequence[int], key_shape: Sequence[int],
-                                   value_shape: Sequence[int]) -> int:
+def flash_attention_backward_flops(query_shape: Shape, key_shape: Shape,
+                                   value_shape: Shape) -> int:
     """What a flash-style attention backward executes: 5 GEMMs, 2.5x the forward when v_dim == head_dim.
 
     PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
@@ -77,19 +80,19 @@ _register_cpu_attention_formulas()
 
 
 # ---------------------------------------------------------------- GEMM-class ops torch's registry lacks
-def matrix_vector_flops(mat_shape):
+def matrix_vector_flops(mat_shape: Shape) -> int:
     """mv / addmv: an (n, m) matrix times an m-vector, 2 flops per multiply-accumulate (the add is not matrix work)."""
     rows, cols = mat_shape
     return 2 * rows * cols
 
 
-def addbmm_flops(batch1_shape, batch2_shape):
+def addbmm_flops(batch1_shape: Shape, batch2_shape: Shape) -> int:
     """addbmm: the b products (n, m) @ (m, p) summed into one (n, p): 2 * b * n * m * p."""
     batches, n, m = batch1_shape
     return 2 * batches * n * m * batch2_shape[-1]
 
 
-def grouped_mm_flops(self_shape, mat2_shape, out_shape):
+def grouped_mm_flops(self_shape: Shape, mat2_shape: Shape, out_shape: Shape) -> int:
     """_grouped_mm: per group a GEMM. With a 3-d operand (groups stacked, or offsets slicing the 2-d one
     along M or N) every output element contracts over self's last dim; 2-d x 2-d slices K by the offsets
     into a (groups, M, N) output, so the contractions add up to M * K_total * N."""
@@ -101,7 +104,7 @@ def grouped_mm_flops(self_shape, mat2_shape, out_shape):
     return 2 * out_elements * self_shape[-1]
 
 
-def dot_flops(a_shape):
+def dot_flops(a_shape: Shape) -> int:
     return 2 * a_shape[0]
 
 
@@ -129,7 +132,7 @@ _register_gemm_class_formulas()
 # Under no_grad / inference_mode, nn.MultiheadAttention and nn.TransformerEncoderLayer call fused kernels
 # instead of the linear / attention ops they run with autograd on. The formulas count the same GEMMs, so
 # a profile does not depend on the grad mode.
-def multi_head_attention_flops(query_shape, key_shape, embed_dim):
+def multi_head_attention_flops(query_shape: Shape, key_shape: Shape, embed_dim: int) -> int:
     """Batch-first (B, L, E) query, (B, S, E) key/value: the q, k, v projections, Q K^T and P V over all
     heads together (the head dims add up to E), and the output projection."""
     batch, q_len = query_shape[0], query_shape[1]
@@ -167,7 +170,7 @@ _MATRIX_TOKENS = frozenset((
     "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "convolution"))
 
 
-def is_matrix_class(op_name):
+def is_matrix_class(op_name: str) -> bool:
     """op_name: an aten packet's name, e.g. '_weight_int8pack_mm' or 'mkldnn_convolution'."""
     if op_name.startswith("upsample"):  # upsample_bilinear2d and co. interpolate; no GEMM
         return False
@@ -191,15 +194,16 @@ class ModuleFlops:
     """
     __slots__ = ("fn", "kind", "bwd_fn", "bwd_factor")
 
-    def __init__(self, fn, kind, bwd_fn=None, bwd_factor=2.0):
+    def __init__(self, fn: ModuleFlopsFn, kind: str, bwd_fn: Optional[ModuleFlopsFn] = None,
+                 bwd_factor: float = 2.0):
         if kind not in (MATRIX, OTHER):
             raise ValueError(f"kind must be {MATRIX!r} or {OTHER!r}, got {kind!r}")
         self.fn, self.kind, self.bwd_fn, self.bwd_factor = fn, kind, bwd_fn, bwd_factor
 
-    def forward(self, module, inputs, output):
+    def forward(self, module: torch.nn.Module, inputs: tuple, output: Any) -> int:
         return int(self.fn(module, inputs, output))
 
-    def backward(self, module, inputs, output, forward_flops):
+    def backward(self, module: torch.nn.Module, inputs: tuple, output: Any, forward_flops: int) -> int:
         if self.bwd_fn is not None:
             return int(self.bwd_fn(module, inputs, output))
         return int(round(self.bwd_factor * forward_flops))
@@ -219,7 +223,7 @@ def register_module_flops(module_type_or_name: Union[type, str], fn: Callable, k
     _MODULE_FLOPS[module_type_or_name] = ModuleFlops(fn, kind, bwd_fn, bwd_factor)
 
 
-def module_flops_for(module: torch.nn.Module):
+def module_flops_for(module: torch.nn.Module) -> Optional["ModuleFlops"]:
     for cls in type(module).__mro__:
         entry = _MODULE_FLOPS.get(cls) or _MODULE_FLOPS.get(cls.__name__)
         if entry is not None:
@@ -234,7 +238,7 @@ def _first_tensor(inputs):
     return None
 
 
-def layer_norm_flops(module: torch.nn.Module, inputs: tuple, output) -> int:
+def layer_norm_flops(module: torch.nn.Module, inputs: tuple, output: Any) -> int:
     """Per element: mean (1), centre (1), square (1), variance (1), normalise (1); affine adds 2."""
     x = _first_tensor(inputs)
     if x is None:
@@ -243,7 +247,7 @@ def layer_norm_flops(module: torch.nn.Module, inputs: tuple, output) -> int:
     return per_element * x.numel()
 
 
-def scale_mask_softmax_flops(module: torch.nn.Module, inputs: tuple, output) -> int:
+def scale_mask_softmax_flops(module: torch.nn.Module, inputs: tuple, output: Any) -> int:
     """Per score: scale (1), mask (1), max (1), subtract (1), exp (1), sum (1), divide (1)."""
     x = _first_tensor(inputs)
     return 0 if x is None else 7 * x.numel()

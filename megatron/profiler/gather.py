@@ -15,14 +15,19 @@ failed to build its entry, so a failure is named to every rank instead of hangin
 """
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron.profiler.peaks import peak_tflops_for
 from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
+
+if TYPE_CHECKING:  # type names only: both modules import this one
+    from megatron.profiler.engine_hooks import InstructionTimer
+    from megatron.profiler.module_profiler import ModuleProfiler
 
 # Ping rounds per rank for the clock alignment: the shortest round trip of these bounds the error.
 CLOCK_PING_ROUNDS = 8
@@ -38,21 +43,24 @@ class EngineLayout:
     tp: int
     dp: int
     topology: object = field(default=None, compare=False, repr=False)  # deepspeed ProcessTopology, or None
+    # A PipelineEngine runs a schedule (timed instruction by instruction, inside train_batch); a plain
+    # DeepSpeedEngine's forward, backward and step are the iteration. The one place that tells them apart.
+    is_pipeline: bool = True
 
     @classmethod
-    def of(cls, engine) -> "EngineLayout":
+    def of(cls, engine: DeepSpeedEngine) -> "EngineLayout":
         if isinstance(engine, PipelineEngine):
             grid = engine.grid
             return cls(grid.get_stage_id(), grid.get_slice_parallel_rank(), grid.get_data_parallel_rank(),
                        grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(),
-                       grid.get_data_parallel_world_size(), grid._topo)
+                       grid.get_data_parallel_world_size(), grid._topo, is_pipeline=True)
         # A plain DeepSpeedEngine is one stage; its mpu (if any) gives the tensor layout.
         mpu = engine.mpu
         tp = mpu.get_model_parallel_world_size() if mpu is not None else 1
         tp_rank = mpu.get_model_parallel_rank() if mpu is not None else 0
         dp_rank = mpu.get_data_parallel_rank() if mpu is not None else dist.get_rank()
         topology = mpu.get_topology() if hasattr(mpu, "get_topology") else None
-        return cls(0, tp_rank, dp_rank, 1, tp, dist.get_world_size() // tp, topology)
+        return cls(0, tp_rank, dp_rank, 1, tp, dist.get_world_size() // tp, topology, is_pipeline=False)
 
     @property
     def world_size(self) -> int:
@@ -121,9 +129,11 @@ class RunMeta:
     optimizer_step_skipped: bool = False
 
     @classmethod
-    def of(cls, engine, layout: EngineLayout, step: int, seq_length=None, analytic=None, peak_tflops=None,
-           activation_checkpointing=None, device="cpu", skipped_steps_before=0) -> "RunMeta":
-        if isinstance(engine, PipelineEngine):
+    def of(cls, engine: DeepSpeedEngine, layout: EngineLayout, step: int, seq_length: Optional[int] = None,
+           analytic: Optional[dict] = None, peak_tflops: Optional[float] = None,
+           activation_checkpointing: Optional[bool] = None, device: str = "cpu",
+           skipped_steps_before: int = 0) -> "RunMeta":
+        if layout.is_pipeline:
             micro_batches = engine.micro_batches
             checkpointing = engine.module.activation_checkpoint_interval > 0
         else:
@@ -142,21 +152,16 @@ class RunMeta:
         return asdict(self)
 
 
-def build_rank_entry(profiler, layout: EngineLayout) -> RankEntry:
-    """This rank's measurements from a stopped PipelineFlopsProfiler."""
-    if profiler.is_pipeline:
-        train_batch_s = profiler._train_batch_s
-    else:  # a plain engine has no train_batch: the profiled window is its iteration
-        train_batch_s = profiler._window[1] - profiler._window[0]
-    peak = None
-    if profiler.accelerator.device_name() != "cpu":
-        peak = int(profiler.accelerator.max_memory_allocated())
-    tree = profiler.module_profiler.tree()
-    _annotate_replicated_params(profiler.engine.module, tree)
-    events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in profiler.instruction_timer.events]
-    uncounted = [asdict(op) for op in profiler.module_profiler.uncounted_ops()]
-    return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree,
-                     profiler.instruction_timer.as_dict(), train_batch_s, peak, events, uncounted)
+def build_rank_entry(layout: EngineLayout, module: torch.nn.Module, module_profiler: "ModuleProfiler",
+                     instructions: "InstructionTimer", train_batch_s: float,
+                     peak_memory_bytes: Optional[int]) -> RankEntry:
+    """This rank's measurements, from its stopped module profiler and instruction timer."""
+    tree = module_profiler.tree()
+    _annotate_replicated_params(module, tree)
+    events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in instructions.events]
+    uncounted = [asdict(op) for op in module_profiler.uncounted_ops()]
+    return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree, instructions.as_dict(),
+                     train_batch_s, peak_memory_bytes, events, uncounted)
 
 
 def _annotate_replicated_params(module, node):
@@ -210,7 +215,8 @@ class ReportGroups:
     def for_layout(cls, layout: EngineLayout) -> "ReportGroups":
         """Collective: every rank enters the same new_group calls in the same order. Made once per
         process group and layout; profiling the same engine again reuses them."""
-        key = (id(dist.group.WORLD), layout.pp, layout.tp, layout.dp)
+        # the replica's rank grid decides every group (the topology's axis order included)
+        key = (id(dist.group.WORLD), layout.world_size, tuple(tuple(layout.tensor_ranks(s)) for s in range(layout.pp)))
         if key not in _GROUPS:
             rank = dist.get_rank()
             world = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
@@ -231,7 +237,8 @@ _GROUPS = {}
 
 
 def measure_clock_offset(rounds: int = CLOCK_PING_ROUNDS, clock: Callable[[], float] = time.perf_counter,
-                         group=None, ranks: Optional[List[int]] = None) -> Tuple[float, float]:
+                         group: Optional[dist.ProcessGroup] = None,
+                         ranks: Optional[List[int]] = None) -> Tuple[float, float]:
     """(offset, error): this rank's `clock` minus global rank 0's, in seconds.
 
     Collective over `ranks` (default: every rank), which must include 0; `group` is a gloo group

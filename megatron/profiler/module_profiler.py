@@ -41,6 +41,7 @@ How it measures
 import functools
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torch
 from torch.utils import flop_counter
@@ -48,6 +49,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron.profiler.flop_formulas import MATRIX, is_matrix_class, module_flops_for
 from megatron.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
+
+# (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
+ModuleEvent = Tuple[str, str, int, str, float, float]
 
 _graph_task_id = torch._C._current_graph_task_id
 
@@ -263,7 +267,8 @@ def _no_sync():
 
 
 class ModuleProfiler:
-    def __init__(self, root, synchronize=None, root_name=None, ignore_types=()):
+    def __init__(self, root: torch.nn.Module, synchronize: Optional[Callable[[], None]] = None,
+                 root_name: Optional[str] = None, ignore_types: Optional[Iterable[type]] = ()):
         """ignore_types: module classes left out of the profile (DeepSpeed's ignore_list): exact types, as
         DeepSpeed matches them; the root is always kept."""
         self.root_module = root
@@ -284,7 +289,7 @@ class ModuleProfiler:
         self._clear_stack()
 
     # ------------------------------------------------------------------ public API
-    def start(self):
+    def start(self) -> None:
         if self._counting:
             return
         if not self._module_hooks:
@@ -297,7 +302,7 @@ class ModuleProfiler:
         self._mode.__enter__()
         self._counting = True
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop counting; counts stay readable. Hooks stay installed but do nothing until start()."""
         if not self._counting:
             return
@@ -305,14 +310,14 @@ class ModuleProfiler:
         self._mode.__exit__(None, None, None)
         self._clear_stack()
 
-    def remove(self):
+    def remove(self) -> None:
         """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
         self.stop()
         for handle in self._module_hooks + self._graph_hooks:
             handle.remove()
         self._module_hooks, self._graph_hooks = [], []
 
-    def reset(self):
+    def reset(self) -> None:
         now = self._now()
         for _, node in self._pairs:
             for counter in (node.flops, node.other_flops, node.calls):
@@ -323,10 +328,10 @@ class ModuleProfiler:
         self._events = []
         self._uncounted = {}
 
-    def tree(self):
+    def tree(self) -> dict:
         return _node_dict(self._root)
 
-    def events(self):
+    def events(self) -> List[ModuleEvent]:
         """[(path, type, depth, phase, start, end)] in order of ending: every stretch during which a module
         had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
         string objects repeat for a module, so pickling the list sends each path once."""
@@ -334,16 +339,16 @@ class ModuleProfiler:
                 for node, phase, start, end in self._events
                 if not node.ignored and not any(a.ignored for a in node.ancestors)]
 
-    def uncounted_ops(self):
+    def uncounted_ops(self) -> List["UncountedOp"]:
         """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""
         return [UncountedOp(op=op, phase=PHASE_PREFIXES[phase], calls=calls)
                 for (op, phase), calls in sorted(self._uncounted.items())]
 
-    def totals(self):
+    def totals(self) -> dict:
         tree = self.tree()
         return {f"{prefix}_flops": tree[f"{prefix}_flops"] for prefix in PHASE_PREFIXES}
 
-    def scoped_call(self, module, fn):
+    def scoped_call(self, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""
         node = self._node_of.get(id(module))
         if node is None:

@@ -1,7 +1,6 @@
 """Turn the gathered per-rank measurements into the profile report (schema_version 2).
 
-The contract is flops-profile.schema.json (beside this file, loaded by
-path relative to this module; an installed wheel needs it as package data). Beyond the schema the
+The contract is flops-profile.schema.json (files.py loads and checks it). Beyond the schema the
 report carries:
 - top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update),
   `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
@@ -17,9 +16,6 @@ report carries:
 - module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
   {fwd,bwd,recompute}_calls, always present.
 """
-import json
-import os
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from megatron.profiler.notes import NOTES
@@ -27,7 +23,6 @@ from megatron.profiler.phases import phase_fields
 from megatron.profiler.stragglers import RankSample, straggler_view
 
 SCHEMA_VERSION = 2
-SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flops-profile.schema.json")
 
 # Node fields that are counts (exact ints) and those that are seconds.
 FLOP_FIELDS = phase_fields("flops") + phase_fields("other_flops")
@@ -40,39 +35,6 @@ INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendAct
                      "OptimizerStep")
 COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 REDUCE_INSTRUCTIONS = ("ReduceGrads", "ReduceTiedGrads")
-
-
-def load_schema() -> dict:
-    with open(SCHEMA_PATH) as f:
-        return json.load(f)
-
-
-def validate_report(report: dict) -> None:
-    """Raise jsonschema.ValidationError if `report` breaks the schema."""
-    try:
-        import jsonschema
-    except ImportError as e:
-        raise ImportError("validating a profile report needs jsonschema: pip install jsonschema "
-                          "(it is in this package's 'test' extra)") from e
-    jsonschema.Draft202012Validator(load_schema()).validate(report)
-
-
-def write_json(report: dict, path: str, indent: Optional[int] = 2) -> None:
-    """Write atomically: readers never see half a report (or half a trace)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".flops_profile.", suffix=".tmp", dir=directory)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from other users
-        with os.fdopen(fd, "w") as f:
-            json.dump(report, f, indent=indent)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _clean_node(node):
@@ -409,23 +371,3 @@ def _uncounted_ops(replica):
             key = (op["op"], op["phase"])
             calls[key] = calls.get(key, 0) + int(op["calls"])
     return [{"op": op, "phase": phase, "calls": n} for (op, phase), n in sorted(calls.items())]
-
-
-def profile_scalars(report: dict) -> Dict[str, float]:
-    """{tag: value}: the report's headline numbers as TensorBoard scalars (null values left out)."""
-    totals = report["totals"]
-    scalars = {f"flops-profile/{key.replace('_', '-')}": totals[key]
-               for key in ("tflops_per_gpu", "model_tflops_per_gpu", "mfu", "iter_latency_s", "fwd_latency_s",
-                           "bwd_latency_s", "step_latency_s", "samples_per_s", "tokens_per_s",
-                           "measured_over_analytic")}
-    bubble = report.get("bubble")
-    idle = {row["stage_id"]: row["idle_fraction"] for row in bubble["stages"]} if bubble else {}
-    if bubble:
-        scalars["flops-profile/bubble-ideal-fraction"] = bubble["ideal_fraction"]
-    for stage in report["stages"]:
-        prefix = f"flops-profile/stage{stage['stage_id']}"
-        for key in ("tflops_per_gpu", "fwd_latency_s", "bwd_latency_s", "step_latency_s", "comm_s",
-                    "train_batch_latency_s"):
-            scalars[f"{prefix}/{key.replace('_', '-')}"] = stage[key]
-        scalars[f"{prefix}/idle-fraction"] = idle.get(stage["stage_id"])
-    return {tag: float(value) for tag, value in scalars.items() if value is not None}

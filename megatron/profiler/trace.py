@@ -20,7 +20,6 @@ from collections import defaultdict
 from typing import Dict, List
 
 from megatron.profiler.notes import CLOCK_SYNC
-from megatron.profiler.report import write_json
 
 INSTRUCTION_CATEGORY = "instruction"
 FLOW_CATEGORY = "p2p"
@@ -146,8 +145,3 @@ def build_trace(rank_entries: List[dict], module_events: Dict[int, list], step: 
             "sends_without_receive": unmatched,
         },
     }
-
-
-def write_trace(trace: dict, path: str) -> None:
-    """Atomically, compact (a trace has many events)."""
-    write_json(trace, path, indent=None)

@@ -1,0 +1,152 @@
+"""Everything the profiler attaches to one DeepSpeed engine, and its exact removal.
+
+- the schedule instructions: PipelineEngine._exec_schedule looks each instruction up in
+  `self._INSTRUCTION_MAP`; an instance attribute of that name shadows the class's map, so timing
+  one engine touches no class and no other engine;
+- `train_batch` (a PipelineEngine) or `forward`, `backward` and `step` (a plain DeepSpeedEngine,
+  whose calls are timed as the instructions they correspond to), shadowed on the instance;
+- TiedLayerSpec(forward_fn=...) entries of a PipelineModule, which are plain function calls that no
+  module hook sees: each is swapped for a proxy that runs it under the tied module's scope.
+Removing restores every attribute and list entry as it was; deleting an instance attribute
+uncovers the class's method again.
+"""
+import functools
+import time
+from collections import defaultdict
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from megatron.profiler.gather import EngineLayout
+from megatron.profiler.module_profiler import ModuleProfiler
+
+# A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the
+# pipeline instructions they correspond to.
+PLAIN_ENGINE_INSTRUCTIONS = {"forward": "ForwardPass", "backward": "BackwardPass", "step": "OptimizerStep"}
+
+# (instruction name, its keyword arguments, start, end): one schedule instruction as it ran.
+InstructionEvent = Tuple[str, Dict[str, Any], float, float]
+
+
+class InstructionTimer:
+    """Device-synchronized totals, counts and events of the instructions it wraps."""
+
+    def __init__(self, synchronize: Callable[[], None]):
+        self.synchronize = synchronize
+        self.totals: Dict[str, float] = defaultdict(float)
+        self.counts: Dict[str, int] = defaultdict(int)
+        self.events: List[InstructionEvent] = []  # the schedule as it ran
+
+    def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """fn(engine, ...) wrapped with a synchronize and a clock read on both sides."""
+        def run(engine, *args, **kwargs):
+            self.synchronize()
+            start = time.perf_counter()
+            try:
+                return fn(engine, *args, **kwargs)
+            finally:
+                self.synchronize()
+                end = time.perf_counter()
+                self.totals[name] += end - start
+                self.counts[name] += 1
+                self.events.append((name, kwargs, start, end))
+        return run
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.counts.clear()
+        self.events = []
+
+    def as_dict(self) -> Dict[str, Dict[str, float]]:
+        return {name: {"count": self.counts[name], "total_s": self.totals[name]} for name in sorted(self.counts)}
+
+
+class EngineHooks:
+    """The instruction timer, the train_batch clock and the tied forward proxies of one engine."""
+
+    def __init__(self, engine: DeepSpeedEngine, layout: EngineLayout, module_profiler: ModuleProfiler,
+                 synchronize: Callable[[], None]):
+        self.engine = engine
+        self.layout = layout
+        self.module_profiler = module_profiler
+        self.synchronize = synchronize
+        self.instructions = InstructionTimer(synchronize)
+        self._train_batch_s = 0.0
+        self._window: Optional[List[float]] = None  # [start, end] of the profiled work
+        self._undo: List[Callable[[], None]] = []
+
+    def install(self) -> None:
+        engine = self.engine
+        if self.layout.is_pipeline:
+            self._credit_tied_forward_fns()
+            self._shadow("_INSTRUCTION_MAP", {
+                instruction: self.instructions.timed(instruction.__name__, method)
+                for instruction, method in type(engine)._INSTRUCTION_MAP.items()})
+            self._shadow("train_batch", self._timed_train_batch)
+        else:
+            for method, instruction in PLAIN_ENGINE_INSTRUCTIONS.items():
+                timed = self.instructions.timed(instruction, _unpatched(getattr(type(engine), method)))
+                self._shadow(method, functools.partial(timed, engine))
+
+    def remove(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
+
+    def reset(self) -> None:
+        """Zero the timings; an open window restarts now."""
+        self.instructions.reset()
+        self._train_batch_s = 0.0
+        if self._window is not None and self._window[1] is None:
+            self._window = [time.perf_counter(), None]
+
+    def open_window(self) -> None:
+        self.synchronize()
+        self._window = [time.perf_counter(), None]
+
+    def close_window(self) -> None:
+        self.synchronize()
+        self._window[1] = time.perf_counter()
+
+    def train_batch_s(self) -> float:
+        """The profiled iteration's time: train_batch's, or the whole window's on a plain engine."""
+        if self.layout.is_pipeline:
+            return self._train_batch_s
+        return self._window[1] - self._window[0]
+
+    def _timed_train_batch(self, *args, **kwargs):
+        self.synchronize()
+        start = time.perf_counter()
+        try:
+            return _unpatched(type(self.engine).train_batch)(self.engine, *args, **kwargs)
+        finally:
+            self.synchronize()
+            self._train_batch_s += time.perf_counter() - start
+
+    def _credit_tied_forward_fns(self) -> None:
+        module = self.engine.module
+        tied = set(id(m) for m in getattr(module, "tied_modules", {}).values())
+        funcs = getattr(module, "forward_funcs", [])
+        for index, func in enumerate(funcs):
+            if isinstance(func, functools.partial) and func.args and id(func.args[0]) in tied and len(func.args) == 1:
+                funcs[index] = self.module_profiler.scoped_call(func.args[0], func.func)
+                self._undo.append(functools.partial(funcs.__setitem__, index, func))
+
+    def _shadow(self, name: str, replacement: Any) -> None:
+        """Set an attribute on this engine instance only; undoing puts back what the instance had."""
+        engine = self.engine
+        had_instance_attr = name in engine.__dict__
+        previous = engine.__dict__.get(name)
+        setattr(engine, name, replacement)
+
+        def undo():
+            if had_instance_attr:
+                setattr(engine, name, previous)
+            else:
+                delattr(engine, name)
+        self._undo.append(undo)
+
+
+def _unpatched(method):
+    """patches wraps the engines' train_batch, forward and step; the profiler itself runs the originals."""
+    return getattr(method, "__wrapped__", method)
