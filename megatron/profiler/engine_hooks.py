@@ -28,6 +28,12 @@ PLAIN_ENGINE_INSTRUCTIONS = {"forward": "ForwardPass", "backward": "BackwardPass
 InstructionEvent = Tuple[str, Dict[str, Any], float, float]
 
 
+def synchronized_clock(synchronize: Callable[[], None]) -> float:
+    """perf_counter once the device's queued work is done, so a span covers the work, not its launch."""
+    synchronize()
+    return time.perf_counter()
+
+
 class InstructionTimer:
     """Device-synchronized totals, counts and events of the instructions it wraps."""
 
@@ -40,13 +46,11 @@ class InstructionTimer:
     def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """fn(engine, ...) wrapped with a synchronize and a clock read on both sides."""
         def run(engine, *args, **kwargs):
-            self.synchronize()
-            start = time.perf_counter()
+            start = synchronized_clock(self.synchronize)
             try:
                 return fn(engine, *args, **kwargs)
             finally:
-                self.synchronize()
-                end = time.perf_counter()
+                end = synchronized_clock(self.synchronize)
                 self.totals[name] += end - start
                 self.counts[name] += 1
                 self.events.append((name, kwargs, start, end))
@@ -101,12 +105,10 @@ class EngineHooks:
             self._window = [time.perf_counter(), None]
 
     def open_window(self) -> None:
-        self.synchronize()
-        self._window = [time.perf_counter(), None]
+        self._window = [synchronized_clock(self.synchronize), None]
 
     def close_window(self) -> None:
-        self.synchronize()
-        self._window[1] = time.perf_counter()
+        self._window[1] = synchronized_clock(self.synchronize)
 
     def train_batch_s(self) -> float:
         """The profiled iteration's time: train_batch's, or the whole window's on a plain engine."""
@@ -115,13 +117,11 @@ class EngineHooks:
         return self._window[1] - self._window[0]
 
     def _timed_train_batch(self, *args, **kwargs):
-        self.synchronize()
-        start = time.perf_counter()
+        start = synchronized_clock(self.synchronize)
         try:
             return _unpatched(type(self.engine).train_batch)(self.engine, *args, **kwargs)
         finally:
-            self.synchronize()
-            self._train_batch_s += time.perf_counter() - start
+            self._train_batch_s += synchronized_clock(self.synchronize) - start
 
     def _credit_tied_forward_fns(self) -> None:
         module = self.engine.module

@@ -73,10 +73,6 @@ class PipelineFlopsProfiler:
             self._layout = EngineLayout.of(self.engine)
         return self._layout
 
-    @property
-    def is_pipeline(self) -> bool:
-        return self.layout.is_pipeline
-
     # ------------------------------------------------------------------ measuring
     def start_profile(self, ignore_list: Optional[Iterable[type]] = None) -> None:
         """Install every hook and timer (afresh, if profiled before). Collective the first time
