@@ -1,5 +1,4 @@
 """Start-up: arguments, the distributed backend, the tensor/pipeline/data groups and the seeds."""
-import atexit
 import os
 import random
 from datetime import timedelta
@@ -10,7 +9,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 import patches
-from megatron import liveness, mpu
+from megatron import clean_exit, liveness, mpu
 from megatron.arguments import ArgumentError, exit_on_bad_args, parse_args
 from megatron.global_vars import set_args
 from megatron.utils import print_rank_0
@@ -53,11 +52,6 @@ def check_machine_supports(args):
                             f"bfloat16 support")
 
 
-def _destroy_process_groups():
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def _initialize_distributed(args):
     accelerator = get_accelerator()
     local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
@@ -73,11 +67,9 @@ def _initialize_distributed(args):
     else:
         timeout = timedelta(seconds=int(os.environ.get("MEGATRON_DIST_TIMEOUT_S", "600")))
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
-    # On a normal exit, tear the process groups down while the interpreter is whole: gloo's worker
-    # threads, left to static destructors, abort the process ("terminate called without an active
-    # exception") after a run that succeeded. Registered before the heartbeat, so it runs after
-    # the heartbeat has stopped. A failing rank leaves through os._exit and skips it.
-    atexit.register(_destroy_process_groups)
+    # A run that succeeded must not abort at exit in gloo's threads (see clean_exit). Registered
+    # before the heartbeat, so it runs after the heartbeat has stopped.
+    clean_exit.at_exit()
     args.rank = torch.distributed.get_rank()
     args.world_size = torch.distributed.get_world_size()
     liveness.start(args.rank, args.world_size)

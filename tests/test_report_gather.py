@@ -16,8 +16,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
+from megatron import clean_exit
 from megatron.profiler.files import validate_report
 from megatron.profiler.gather import EngineLayout, RankEntry, ReportError, ReportGroups, RunMeta, gather_report
+from megatron.profiler.pipeline_profiler import PipelineFlopsProfiler
 from megatron.profiler.printer import format_report
 from megatron.profiler.report import build_report
 from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
@@ -84,6 +86,12 @@ def test_layout_finds_every_rank_as_deepspeed_lays_them_out():
     assert with_topology.replica_ranks() == [0, 1, 6, 7] and with_topology.stage_leaders() == [0, 6]
 
 
+def test_an_entry_asked_of_a_profiler_never_started_says_so():
+    # get_report() on such a profiler ends in the gather's ReportError, naming the rank with this reason
+    with pytest.raises(RuntimeError, match=r"^start_profile\(\) never ran on this rank: nothing was measured$"):
+        PipelineFlopsProfiler(engine=None).rank_entry()
+
+
 # ---------------------------------------------------------------- gather_report over gloo
 FAILING_RANK = 5
 
@@ -119,7 +127,7 @@ def _gather_worker(rank, world, port, out_dir):
         with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
             json.dump(outcome, f)
     finally:
-        dist.destroy_process_group()
+        clean_exit.teardown_process_groups()
 
 
 @pytest.mark.launch

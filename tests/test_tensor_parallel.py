@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron import mpu
+from megatron import clean_exit, mpu
 from tests.helpers.launch import free_port
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-5)
@@ -42,7 +42,7 @@ def _bootstrap(rank, world_size, port, body, out_dir):
     try:
         results = body()
     finally:
-        dist.destroy_process_group()
+        clean_exit.teardown_process_groups()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
+from megatron import clean_exit
 from megatron.profiler.files import validate_report
 from megatron.profiler.module_profiler import ModuleProfiler
 from megatron.profiler.pipeline_profiler import measure_clock_offset
@@ -40,7 +41,7 @@ def _clock_worker(rank, world, port, out_dir):
         with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
             json.dump({"same": same_clock, "shifted": shifted}, f)
     finally:
-        dist.destroy_process_group()
+        clean_exit.teardown_process_groups()
 
 
 @pytest.mark.launch

@@ -120,6 +120,8 @@ class PipelineFlopsProfiler:
 
     def rank_entry(self) -> RankEntry:
         """This rank's measurements of the profiled step (not collective)."""
+        if self.module_profiler is None:
+            raise RuntimeError("start_profile() never ran on this rank: nothing was measured")
         peak = None
         if self.accelerator.device_name() != "cpu":
             peak = int(self.accelerator.max_memory_allocated())

@@ -1,6 +1,5 @@
 """The start of a plain DeepSpeed script run by the deepspeed launcher (tests/scripts/): its config, the
 patches applied, gloo, a fixed seed."""
-import atexit
 import json
 import sys
 
@@ -8,6 +7,7 @@ import deepspeed
 import torch
 
 import patches
+from megatron import clean_exit
 
 
 def start_patched_gloo_run(seed=0):
@@ -17,7 +17,6 @@ def start_patched_gloo_run(seed=0):
         config = json.load(f)
     patches.apply()
     deepspeed.init_distributed(dist_backend="gloo")
-    # Gloo's worker threads, left to the interpreter's teardown, can abort a finished run at exit.
-    atexit.register(torch.distributed.destroy_process_group)
+    clean_exit.at_exit()
     torch.manual_seed(seed)
     return config

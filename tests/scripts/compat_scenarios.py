@@ -7,7 +7,6 @@ MODE "patched": patches.apply() first, the section on at PROFILE_STEP. Every ran
 OUT_DIR/<name>.rank<r>.json: the losses (float.hex) and, patched, what engine.flops_profiler returned.
 Global rank 0 also gets the printed report in OUT_DIR/<name>.profile.txt (the section's output_file).
 """
-import atexit
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.utils import groups
+
+from megatron import clean_exit
 
 WIDTH = 8
 MICRO = 2
@@ -256,7 +257,7 @@ def main():
         import patches
         patches.apply()
     deepspeed.init_distributed(dist_backend="gloo")
-    atexit.register(torch.distributed.destroy_process_group)  # before gloo's threads meet the teardown
+    clean_exit.at_exit()
     rank = torch.distributed.get_rank()
     for name in names:
         scenario = SCENARIOS[name]
