@@ -8,7 +8,12 @@ import os
 import platform
 import socket
 import statistics
+import sys
 import time
+
+# A script of this checkout: our `megatron` is imported from the checkout root (the parent of bench/), since the
+# project installs only `patches` (an installed `megatron` would clash with the user's Megatron-DeepSpeed).
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 import torch
 import torch.distributed as dist

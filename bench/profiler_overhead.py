@@ -18,7 +18,7 @@ between the profiled ones so that a machine shared with other work slows both al
 3. Peers on a pp=1 DeepSpeedEngine with the same GPT (no pipeline; each rank a data-parallel replica),
    the only engine DeepSpeed's own FlopsProfiler works on.
 4. FLOPs: each profiler's forward, backward and recompute FLOPs against the Megatron-LM formula
-   (megatron/analytic_flops.py), without and with activation checkpointing (toggled on the same
+   (patches/profiler/analytic_flops.py), without and with activation checkpointing (toggled on the same
    engines), and what it misses.
 The last line is `profiled/unprofiled iteration time ratio: X.XX` (part 1).
 """
@@ -65,7 +65,7 @@ TORCH_PROFILER_MATRIX_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::badd
 
 # ---------------------------------------------------------------- the formula
 def analytic(args, checkpointing):
-    from megatron.analytic_flops import gpt_flops_per_iteration
+    from patches.profiler.analytic_flops import gpt_flops_per_iteration
 
     shaped = copy.copy(args)
     shaped.checkpoint_activations = checkpointing
@@ -80,7 +80,7 @@ def attention_forward(args):
 
 def kernel_exact(args, checkpointing):
     """What the kernels execute: the formula, except that the fused attention backward recomputes
-    Q K^T (5 GEMMs where the forward has 2: 2.5x, not 2x; megatron/profiler/flop_formulas.py)."""
+    Q K^T (5 GEMMs where the forward has 2: 2.5x, not 2x; patches/profiler/flop_formulas.py)."""
     flops = analytic(args, checkpointing)
     attention = attention_forward(args)
     flops["bwd_flops"] = 2 * (flops["fwd_flops"] - attention) + attention * 5 // 2
@@ -161,7 +161,7 @@ def set_pp1_checkpointing(engine, on):
 # cpu_s (summed over ranks) cover start to stop around the iteration; report_s what it takes after
 # that to get the numbers out (and remove the profiler).
 def profile_ours(engine, step, args, checkpointing, out_dir):
-    from megatron.profiler import PipelineFlopsProfiler
+    from patches.profiler import PipelineFlopsProfiler
 
     profiler = PipelineFlopsProfiler(engine, seq_length=args.seq_length, analytic=analytic(args, checkpointing),
                                      activation_checkpointing=checkpointing)
@@ -410,7 +410,7 @@ def print_flops(args, rows, checkpointed):
     formula, formula_ckpt = analytic(args, False), analytic(args, True)
     exact, exact_ckpt = kernel_exact(args, False), kernel_exact(args, True)
     print("\n== 3. FLOPs of one iteration (one replica) against the Megatron-LM formula "
-          "(megatron/analytic_flops.py) ==")
+          "(patches/profiler/analytic_flops.py) ==")
     print(f"formula: fwd {formula['fwd_flops']}, bwd {formula['bwd_flops']} (2 x fwd), recompute under activation "
           f"checkpointing {formula_ckpt['recompute_flops']} (the layers' forward)")
     print(f"what the kernels execute: bwd {exact['bwd_flops']}: GEMMs 2x their forward, the fused CPU attention "

@@ -6,7 +6,7 @@
 
 Former design (copied here, no longer in the library): every rank's whole entry all-gathered over
 the world (all_gather_object), rank 0 pinged by every other rank in turn, the report built on every
-rank. Current design (megatron/profiler/gather.py): replica 0's entries gathered to rank 0 over the
+rank. Current design (patches/profiler/gather.py): replica 0's entries gathered to rank 0 over the
 tensor and pipeline groups, one 256-byte sample per rank gathered to rank 0, the report built there
 and broadcast, the replica's pp x tp ranks pinging rank 0.
 
@@ -106,8 +106,8 @@ def counting(counter):
 # ---------------------------------------------------------------- the former design, kept to compare
 def former_get_report(profiler):
     """The report as get_report made it before: world-wide all_gather_object, sequential pings, every rank builds."""
-    from megatron.profiler.gather import RunMeta, measure_clock_offset
-    from megatron.profiler.report import build_report
+    from patches.profiler.gather import RunMeta, measure_clock_offset
+    from patches.profiler.report import build_report
 
     entry = profiler.rank_entry().as_dict()
     entry["clock_offset_s"], entry["clock_error_s"] = measure_clock_offset()  # every rank pings rank 0 in turn
@@ -156,7 +156,7 @@ def link_costs(rounds=20, big=1 << 20):
 
 
 def worker(shape, dp, repeats, result_path):
-    from megatron.profiler import PipelineFlopsProfiler
+    from patches.profiler import PipelineFlopsProfiler
 
     args = init(shape, dp)
     engine, step = build_pipeline_engine(args)
@@ -204,8 +204,8 @@ def replicated(entries, dp):
 def simulate(row, world, link):
     """Bytes and seconds of both designs at `world` ranks (pp 2, tp 1) from a real run's entries and the
     link costs (alpha, beta, trip) of another."""
-    from megatron.profiler.report import build_report
-    from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
+    from patches.profiler.report import build_report
+    from patches.profiler.stragglers import SAMPLE_BYTES, RankSample
 
     dp = world // PP
     alpha, beta, trip = link

@@ -18,12 +18,13 @@ import deepspeed
 from megatron import upstream_flags
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
+from patches.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
 
-EXIT_BAD_ARGS = 2
+EXIT_BAD_ARGS = EXIT_BAD_INPUT
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
 
 
-class ArgumentError(ValueError):
+class ArgumentError(PatchConfigError):
     """A flag, or a combination of flags, that cannot work."""
 
 
@@ -36,9 +37,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def exit_on_bad_args(message):
     """Print one line (on the first rank only, to avoid N copies) and exit 2 on every rank."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_BAD_ARGS)
+    exit_with_one_line(message)
 
 
 def build_parser(extra_args_provider=None):

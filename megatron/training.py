@@ -10,15 +10,18 @@ import deepspeed
 import torch
 
 from megatron import liveness, mpu
-from megatron.analytic_flops import gpt_flops_per_iteration
+from megatron.arguments import exit_on_bad_args
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data_iterators import pipeline_batches
 from megatron.global_vars import get_args
 from megatron.initialize import initialize_megatron
+from megatron.model.gpt_model import transformer_layers_per_stage
 from megatron.optimizer import build_optimizer, global_params_norm, mark_tied_duplicates, optimizer_state_stats
 from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
+from patches.errors import PatchConfigError
+from patches.profiler.analytic_flops import gpt_flops_per_iteration
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,
@@ -76,9 +79,12 @@ def setup_model_and_optimizer(model_provider):
     # Its step() reads the tokens consumed before the current iteration, as upstream's does.
     lr_scheduler = OptimizerParamScheduler.from_args(optimizer, args,
                                                      consumed_tokens=lambda: args.consumed_train_tokens)
-    engine, optimizer, _, lr_scheduler = deepspeed.initialize(
-        model=module, optimizer=optimizer, lr_scheduler=lr_scheduler, config=args.deepspeed_config_dict,
-        mpu=None if isinstance(module, deepspeed.pipe.PipelineModule) else mpu)
+    try:
+        engine, optimizer, _, lr_scheduler = deepspeed.initialize(
+            model=module, optimizer=optimizer, lr_scheduler=lr_scheduler, config=args.deepspeed_config_dict,
+            mpu=None if isinstance(module, deepspeed.pipe.PipelineModule) else mpu)
+    except PatchConfigError as error:  # e.g. a flops_profiler key the profiler cannot honour
+        exit_on_bad_args(str(error))
     return [engine], optimizer, lr_scheduler
 
 
@@ -202,10 +208,11 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
                          writer=None):
     """Profile this step on every rank; rank 0 prints the report and writes the JSON and, beside it, the
     Chrome trace; the TensorBoard writer (on the last rank) gets the report's headline scalars."""
-    from megatron.profiler import PipelineFlopsProfiler
-    from megatron.profiler.files import write_tensorboard_scalars
+    from patches.profiler import PipelineFlopsProfiler
+    from patches.profiler.files import write_tensorboard_scalars
 
-    profiler = PipelineFlopsProfiler(model[0], seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args),
+    analytic = gpt_flops_per_iteration(args, transformer_layers_per_stage(args))
+    profiler = PipelineFlopsProfiler(model[0], seq_length=args.seq_length, analytic=analytic,
                                      peak_tflops=args.peak_tflops)
     profiler.start_profile()
     loss, skipped = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)

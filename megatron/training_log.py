@@ -8,14 +8,14 @@
 (one line). "loss scale" appears with fp16 only, "grad norm" when the engine has one, "params norm"
 with --log-params-norm, "lm loss" when an iteration of the interval advanced. Throughput is upstream's:
 samples/s of the whole global batch, tokens per second per GPU (tgs), and TFLOPs per GPU as the
-whole global batch's FLOPs (megatron.analytic_flops.upstream_flops_per_iteration) over seconds per
+whole global batch's FLOPs (patches.profiler.analytic_flops.upstream_flops_per_iteration) over seconds per
 iteration times the world size.
 """
 import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from megatron.analytic_flops import upstream_flops_per_iteration
+from patches.profiler.analytic_flops import upstream_flops_per_iteration
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Version-checked runtime patches to DeepSpeed, and nothing else.
+"""The patch set: version-checked runtime patches to DeepSpeed and to Megatron-DeepSpeed, and the profiler.
+
+It imports nothing from any `megatron` package: our GPT fork and a user's own Megatron-DeepSpeed are its users.
 
 `patches.apply()` is idempotent. It refuses, with a message naming both versions, to patch a
 DeepSpeed it was not written against: the patched methods are private and change between releases.

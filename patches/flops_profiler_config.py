@@ -23,6 +23,8 @@ import functools
 from deepspeed.runtime.engine import DeepSpeedEngine, EngineTimers
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from patches.errors import PatchConfigError
+
 TARGETS = ("0.19.",)
 
 _state = {"flag_step": None}
@@ -53,12 +55,8 @@ def _with_flops_profiler(original_init):
         original_init(self, *args, **kwargs)
         if not wants_profiler(self):
             return
-        from megatron.arguments import ArgumentError, exit_on_bad_args
-        try:
-            check_section(self._config.flops_profiler_config)
-        except ArgumentError as error:
-            exit_on_bad_args(str(error))
-        from megatron.profiler import PipelineFlopsProfiler
+        check_section(self._config.flops_profiler_config)
+        from patches.profiler import PipelineFlopsProfiler
         self.flops_profiler = PipelineFlopsProfiler(self)
         if self.autotuning_enabled() and not self.wall_clock_breakdown():
             # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().
@@ -68,10 +66,9 @@ def _with_flops_profiler(original_init):
 
 
 def check_section(section):
-    """Refuse (ArgumentError) what the section asks and our profiler cannot honour."""
-    from megatron.arguments import ArgumentError
+    """Refuse (PatchConfigError, a ValueError) what the section asks and our profiler cannot honour."""
     if section.recompute_fwd_factor:
-        raise ArgumentError(
+        raise PatchConfigError(
             f"flops_profiler.recompute_fwd_factor {section.recompute_fwd_factor:g} is not used: recompute "
             "FLOPs are measured (recompute_flops in the report); remove the key or set it to 0")
 

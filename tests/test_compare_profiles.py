@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from megatron.profiler.files import write_json
-from megatron.profiler.module_profiler import ModuleProfiler
-from megatron.profiler.report import build_report
+from patches.profiler.files import write_json
+from patches.profiler.module_profiler import ModuleProfiler
+from patches.profiler.report import build_report
 from tests.helpers.launch import load_tool
 from tests.helpers.profiled_runs import profiled_run
 

@@ -5,9 +5,9 @@ import torch
 from deepspeed.profiling.config import DeepSpeedFlopsProfilerConfig
 
 import patches
-from megatron.arguments import ArgumentError
-from megatron.profiler.module_profiler import ModuleProfiler
 from patches import flops_profiler_config, pipeline_timers, section_timers
+from patches.errors import PatchConfigError
+from patches.profiler.module_profiler import ModuleProfiler
 
 
 def _model():
@@ -39,7 +39,7 @@ def test_ignore_list_leaves_module_types_out_of_the_profile():
 def test_recompute_fwd_factor_is_refused_in_one_line():
     flops_profiler_config.check_section(DeepSpeedFlopsProfilerConfig({"flops_profiler": {"enabled": True}}))
     section = DeepSpeedFlopsProfilerConfig({"flops_profiler": {"enabled": True, "recompute_fwd_factor": 1.0}})
-    with pytest.raises(ArgumentError, match="recompute_fwd_factor 1 is not used") as error:
+    with pytest.raises(PatchConfigError, match="recompute_fwd_factor 1 is not used") as error:
         flops_profiler_config.check_section(section)
     assert "\n" not in str(error.value)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.profiler.files import validate_report
-from megatron.profiler.module_profiler import ModuleProfiler, UncountedOp
-from megatron.profiler.printer import format_report
-from megatron.profiler.report import build_report
+from patches.profiler.files import validate_report
+from patches.profiler.module_profiler import ModuleProfiler, UncountedOp
+from patches.profiler.printer import format_report
+from patches.profiler.report import build_report
 from tests.test_profiler_report import make_meta, rank_entries
 
 

@@ -7,8 +7,9 @@ from argparse import Namespace
 
 import pytest
 
-from megatron.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from megatron.arguments import parse_args
+from megatron.model.gpt_model import transformer_layers_per_stage
+from patches.profiler.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.flags import layout
 from tests.helpers.launch import explain, run_pretrain
@@ -96,7 +97,8 @@ def test_block_recompute_counts_the_first_layers_of_each_stage(pp, block_layers,
     args = parse_args(BASE + flags, world_size=pp)
     args.padded_vocab_size = 192
     _, _, layer_fwd, _ = expected_flops(4, 2)  # 4 layers, one micro-batch of 2
-    assert gpt_flops_per_iteration(args)["recompute_flops"] == layer_fwd * recomputed // 4
+    per_stage = transformer_layers_per_stage(args)
+    assert gpt_flops_per_iteration(args, per_stage)["recompute_flops"] == layer_fwd * recomputed // 4
 
 
 def test_query_key_layer_scaling_flags():

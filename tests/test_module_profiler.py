@@ -17,10 +17,10 @@ import torch.utils.checkpoint as torch_checkpoint
 from deepspeed.runtime.activation_checkpointing import checkpointing as ds_checkpointing
 from torch.utils.flop_counter import FlopCounterMode
 
-import megatron.profiler
-from megatron.profiler import flop_formulas
-from megatron.profiler.flop_formulas import register_module_flops
-from megatron.profiler.module_profiler import ModuleProfiler
+import patches.profiler
+from patches.profiler import flop_formulas
+from patches.profiler.flop_formulas import register_module_flops
+from patches.profiler.module_profiler import ModuleProfiler
 
 B, S, H, HEADS, LAYERS, VOCAB = 2, 8, 16, 2, 2, 32
 LAYER_GEMM_FWD = 24 * B * S * H * H  # qkv 6, proj 2, fc1 8, fc2 8 (x B s h^2)
@@ -132,7 +132,7 @@ def by_path(tree, prefix=""):
 
 
 def assert_schema_module(tree):
-    schema = json.loads((Path(megatron.profiler.__file__).parent / "flops-profile.schema.json").read_text())
+    schema = json.loads((Path(patches.profiler.__file__).parent / "flops-profile.schema.json").read_text())
     jsonschema.validate(tree, {"$defs": schema["$defs"], "$ref": "#/$defs/module"})
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from megatron.profiler.files import profile_scalars
-from megatron.profiler.report import build_report
+from patches.profiler.files import profile_scalars
+from patches.profiler.report import build_report
 from tests.helpers.profiled_runs import PEAK_TFLOPS, PROFILE_STEP, profiled_run
 from tests.helpers.schedules import schedule_entries, schedule_meta
 

@@ -3,7 +3,7 @@ EngineLayout tells a PipelineEngine from a plain DeepSpeedEngine."""
 import ast
 from pathlib import Path
 
-PROFILER = Path(__file__).resolve().parent.parent / "megatron" / "profiler"
+PROFILER = Path(__file__).resolve().parent.parent / "patches" / "profiler"
 
 
 def _public_functions(tree):

@@ -9,10 +9,10 @@ import random
 import jsonschema
 import pytest
 
-from megatron.profiler.files import load_schema, validate_report, write_json
-from megatron.profiler.peaks import peak_tflops_for
-from megatron.profiler.printer import HEADER, format_report
-from megatron.profiler.report import NOTES, aggregate_by_depth, build_report, merge_stage_trees
+from patches.profiler.files import load_schema, validate_report, write_json
+from patches.profiler.peaks import peak_tflops_for
+from patches.profiler.printer import HEADER, format_report
+from patches.profiler.report import NOTES, aggregate_by_depth, build_report, merge_stage_trees
 
 PP, TP, DP = 2, 2, 2
 HIDDEN, VOCAB, SEQ = 8, 32, 16

@@ -17,12 +17,12 @@ import torch.multiprocessing as mp
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from megatron import clean_exit
-from megatron.profiler.files import validate_report
-from megatron.profiler.gather import EngineLayout, RankEntry, ReportError, ReportGroups, RunMeta, gather_report
-from megatron.profiler.pipeline_profiler import PipelineFlopsProfiler
-from megatron.profiler.printer import format_report
-from megatron.profiler.report import build_report
-from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
+from patches.profiler.files import validate_report
+from patches.profiler.gather import EngineLayout, RankEntry, ReportError, ReportGroups, RunMeta, gather_report
+from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
+from patches.profiler.printer import format_report
+from patches.profiler.report import build_report
+from patches.profiler.stragglers import SAMPLE_BYTES, RankSample
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, explain, free_port, launch
 from tests.test_profiler_report import DP, PP, TP, make_meta, rank_entries, train_batch_s

@@ -14,12 +14,12 @@ import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
 from megatron import clean_exit
-from megatron.profiler.files import validate_report
-from megatron.profiler.module_profiler import ModuleProfiler
-from megatron.profiler.pipeline_profiler import measure_clock_offset
-from megatron.profiler.printer import duration_to_string, format_report
-from megatron.profiler.report import build_report
-from megatron.profiler.trace import FLOW_CATEGORY, INSTRUCTION_CATEGORY, build_trace
+from patches.profiler.files import validate_report
+from patches.profiler.module_profiler import ModuleProfiler
+from patches.profiler.pipeline_profiler import measure_clock_offset
+from patches.profiler.printer import duration_to_string, format_report
+from patches.profiler.report import build_report
+from patches.profiler.trace import FLOW_CATEGORY, INSTRUCTION_CATEGORY, build_trace
 from tests.helpers.launch import free_port
 from tests.helpers.profiled_runs import PROFILE_STEP, profiled_run
 from tests.helpers.schedules import TB, TF, schedule_entries, schedule_meta, simulate_1f1b

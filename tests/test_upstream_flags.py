@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from megatron.analytic_flops import upstream_flops_per_iteration
 from megatron.arguments import ArgumentError, build_parser, parse_args
 from megatron.initialize import check_machine_supports
 from megatron.optimizer import get_param_groups
@@ -19,6 +18,7 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler, Schedule
 from megatron.training import _exit_reason
 from megatron.training_log import FIELD_ORDER, IntervalStats, TrainingLogLine, throughput
 from megatron.upstream_flags import NO_OPS
+from patches.profiler.analytic_flops import upstream_flops_per_iteration
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.corpus import preprocess_demo_corpus
 from tests.helpers.launch import REPO

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from deepspeed.accelerator import get_accelerator
 
-from megatron.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from megatron.arguments import parse_args
-from megatron.profiler.files import validate_report
 from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
+from patches.profiler.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
+from patches.profiler.files import validate_report
 from tests.helpers.corpus import (
     SENTENCEPIECE_PREFIX,
     demo_documents,

@@ -1,7 +1,7 @@
-"""`python tools/compare_profiles.py ...` is the megatron-compare-profiles command, from megatron/cli/."""
+"""`python tools/compare_profiles.py ...` is the megatron-compare-profiles command, from patches/cli/."""
 import sys
 
-from megatron.cli.compare_profiles import main
+from patches.cli.compare_profiles import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
-"""`python tools/plot_profile.py ...` is the megatron-plot-profile command, from megatron/cli/."""
+"""`python tools/plot_profile.py ...` is the megatron-plot-profile command, from patches/cli/."""
 import sys
 
-from megatron.cli.plot_profile import main
+from patches.cli.plot_profile import main
 
 if __name__ == "__main__":
     sys.exit(main())

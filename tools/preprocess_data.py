@@ -19,6 +19,10 @@ import os
 import sys
 import time
 
+# A script of this checkout: our `megatron` is imported from the checkout root (the parent of tools/), since the
+# project installs only `patches` (an installed `megatron` would clash with the user's Megatron-DeepSpeed).
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
 import numpy as np
 
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype

@@ -84,5 +84,5 @@ def explain(process):
 
 
 def load_tool(name):
-    """A command-line tool (megatron/cli/, also tools/NAME.py) as a module, to test its functions directly."""
-    return importlib.import_module(f"megatron.cli.{name}")
+    """A command-line tool (patches/cli/, also tools/NAME.py) as a module, to test its functions directly."""
+    return importlib.import_module(f"patches.cli.{name}")

@@ -4,7 +4,7 @@ FLOPs: forward by the Megatron-LM formula (2 per multiply-accumulate, attention 
 every GEMM, and 5 attention GEMMs where the forward has 2 (the CPU flash kernel recomputes Q K^T,
 then dV, dP, dQ, dK); recompute = the transformer layers' forward.
 """
-from megatron.profiler.files import validate_report
+from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT
 
 _FLAGS = dict(zip(TINY_GPT[::2], TINY_GPT[1::2]))

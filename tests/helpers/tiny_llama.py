@@ -8,7 +8,7 @@ FLOPs: forward L (2Bsh(h + 2 g d) + 4Bs^2 h + 2Bsh^2 + 6Bsh f) + 2BshV; backward
 5/2 x the attention core (see tiny_gpt); recompute: the layers' forward (full) or the attention core
 alone (selective). Norms, rotary embeddings and the SwiGLU product are elementwise: not counted.
 """
-from megatron.profiler.files import validate_report
+from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT
 from tests.helpers.tiny_gpt import HIDDEN, SEQ, VOCAB
 

@@ -63,7 +63,7 @@ def slow_forward():
 
 
 def fail_in_entry():
-    from megatron.profiler.module_profiler import ModuleProfiler
+    from patches.profiler.module_profiler import ModuleProfiler
 
     def tree(self):
         raise RuntimeError(f"injected fault on rank {RANK}")

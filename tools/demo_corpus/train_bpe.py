@@ -13,6 +13,11 @@ import collections
 import heapq
 import json
 import os
+import sys
+
+# A script of this checkout: our `megatron` is imported from the checkout root (two folders up), since the
+# project installs only `patches` (an installed `megatron` would clash with the user's Megatron-DeepSpeed).
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from megatron.tokenizer.gpt2_bpe import GPT2_PATTERN, bytes_to_unicode, merge_pair
 

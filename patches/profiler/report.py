@@ -18,9 +18,9 @@ report carries:
 """
 from typing import Dict, List, Optional, Tuple
 
-from megatron.profiler.notes import NOTES
-from megatron.profiler.phases import phase_fields
-from megatron.profiler.stragglers import RankSample, straggler_view
+from patches.profiler.notes import NOTES
+from patches.profiler.phases import phase_fields
+from patches.profiler.stragglers import RankSample, straggler_view
 
 SCHEMA_VERSION = 2
 

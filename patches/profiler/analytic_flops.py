@@ -14,7 +14,9 @@ Backward is twice the forward. Recompute: full activation checkpointing re-runs 
 layers' forward (the embedding and LM head are not recomputed; under --recompute-method block only
 the first N layers of each stage); selective recompute re-runs the attention core only, L B 4 s^2 n d.
 """
+from argparse import Namespace
 from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -28,17 +30,17 @@ class LayerShape:
     swiglu: bool = False
 
     @classmethod
-    def from_args(cls, args):
+    def from_args(cls, args: Namespace) -> "LayerShape":
         return cls(hidden=args.hidden_size, heads=args.num_attention_heads, kv_heads=args.num_key_value_heads,
                    head_dim=args.kv_channels, ffn_hidden=args.ffn_hidden_size, swiglu=args.swiglu)
 
 
-def attention_core_forward_flops(batch, seq, shape):
+def attention_core_forward_flops(batch: int, seq: int, shape: LayerShape) -> int:
     """softmax(Q K^T) V of one layer: two GEMMs of s x s x d per query head."""
     return batch * 4 * seq * seq * shape.heads * shape.head_dim
 
 
-def layer_forward_flops(batch, seq, shape):
+def layer_forward_flops(batch: int, seq: int, shape: LayerShape) -> int:
     h, d = shape.hidden, shape.head_dim
     query_width = shape.heads * d
     qkv = 2 * h * (query_width + 2 * shape.kv_heads * d)
@@ -47,30 +49,28 @@ def layer_forward_flops(batch, seq, shape):
     return batch * seq * (qkv + dense + mlp) + attention_core_forward_flops(batch, seq, shape)
 
 
-def recomputed_layers(args):
+def recomputed_layers(args: Namespace, transformer_layers_per_stage: Optional[Sequence[int]] = None) -> int:
     """How many transformer layers full recompute re-runs: all of them (uniform), or under
-    --recompute-method block the first --recompute-num-layers of each pipeline stage."""
+    --recompute-method block the first --recompute-num-layers of each pipeline stage, which needs the
+    model's cut into stages (transformer_layers_per_stage: how many layers each stage holds)."""
     if args.recompute_method != "block":
         return args.num_layers
-    from megatron.model.gpt_model import stage_boundaries  # torch and DeepSpeed: only when needed
-
-    stages = 1 if args.no_pipeline_parallel else args.pipeline_model_parallel_size
-    boundaries, _ = stage_boundaries(args, stages)
-    transformer_specs = range(1, args.num_layers + 1)  # spec 0 is the embedding
-    per_stage = [sum(1 for spec in transformer_specs if boundaries[i] <= spec < boundaries[i + 1])
-                 for i in range(stages)]
-    return sum(min(args.checkpoint_num_layers, count) for count in per_stage)
+    if transformer_layers_per_stage is None:
+        raise ValueError("--recompute-method block: the analytic recompute needs the transformer layers per stage")
+    return sum(min(args.checkpoint_num_layers, count) for count in transformer_layers_per_stage)
 
 
-def gpt_flops_per_iteration(args):
-    """{'fwd_flops', 'bwd_flops', 'recompute_flops'} as exact ints."""
+def gpt_flops_per_iteration(args: Namespace,
+                            transformer_layers_per_stage: Optional[Sequence[int]] = None) -> Dict[str, int]:
+    """{'fwd_flops', 'bwd_flops', 'recompute_flops'} as exact ints (see recomputed_layers for the second argument)."""
     batch = args.micro_batch_size * args.num_micro_batches
     shape = LayerShape.from_args(args)
     layers = args.num_layers * layer_forward_flops(batch, args.seq_length, shape)
     head = 2 * batch * args.seq_length * args.hidden_size * args.padded_vocab_size
     forward = layers + head
     if args.checkpoint_activations:
-        recompute = recomputed_layers(args) * layer_forward_flops(batch, args.seq_length, shape)
+        recompute = recomputed_layers(args, transformer_layers_per_stage) * layer_forward_flops(
+            batch, args.seq_length, shape)
     elif args.recompute_granularity == "selective":
         recompute = args.num_layers * attention_core_forward_flops(batch, args.seq_length, shape)
     else:
@@ -78,7 +78,7 @@ def gpt_flops_per_iteration(args):
     return {"fwd_flops": forward, "bwd_flops": 2 * forward, "recompute_flops": recompute}
 
 
-def upstream_flops_per_iteration(args):
+def upstream_flops_per_iteration(args: Namespace) -> float:
     """FLOPs of one iteration of the whole global batch by Megatron-DeepSpeed's throughput convention.
 
     Upstream's log line reports TFLOPs = this / (seconds per iteration x world size) / 1e12. Its

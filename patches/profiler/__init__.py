@@ -2,9 +2,9 @@
 
 
 def __getattr__(name):
-    # Imported lazily: `import megatron.profiler.module_profiler` must not pull in DeepSpeed's engine.
+    # Imported lazily: `import patches.profiler.module_profiler` must not pull in DeepSpeed's engine.
     if name == "PipelineFlopsProfiler":
-        from megatron.profiler.pipeline_profiler import PipelineFlopsProfiler
+        from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
         return PipelineFlopsProfiler
     raise AttributeError(name)
 

@@ -27,9 +27,9 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from megatron.profiler.engine_hooks import EngineHooks
-from megatron.profiler.files import write_json, write_trace
-from megatron.profiler.gather import (
+from patches.profiler.engine_hooks import EngineHooks
+from patches.profiler.files import write_json, write_trace
+from patches.profiler.gather import (
     EngineLayout,
     RankEntry,
     ReportGroups,
@@ -38,11 +38,11 @@ from megatron.profiler.gather import (
     gather_replica,
     gather_report,
 )
-from megatron.profiler.gather import measure_clock_offset as measure_clock_offset  # its former home
-from megatron.profiler.module_profiler import ModuleProfiler
-from megatron.profiler.printer import duration_to_string, format_report, number_to_string, params_to_string
-from megatron.profiler.report import build_report
-from megatron.profiler.trace import build_trace
+from patches.profiler.gather import measure_clock_offset as measure_clock_offset  # its former home
+from patches.profiler.module_profiler import ModuleProfiler
+from patches.profiler.printer import duration_to_string, format_report, number_to_string, params_to_string
+from patches.profiler.report import build_report
+from patches.profiler.trace import build_trace
 
 
 class PipelineFlopsProfiler:

@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from megatron.profiler.gather import EngineLayout
-from megatron.profiler.module_profiler import ModuleProfiler
+from patches.profiler.gather import EngineLayout
+from patches.profiler.module_profiler import ModuleProfiler
 
 # A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the
 # pipeline instructions they correspond to.

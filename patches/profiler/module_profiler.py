@@ -47,8 +47,8 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megatron.profiler.flop_formulas import MATRIX, is_matrix_class, module_flops_for
-from megatron.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
+from patches.profiler.flop_formulas import MATRIX, is_matrix_class, module_flops_for
+from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
 ModuleEvent = Tuple[str, str, int, str, float, float]

@@ -1,7 +1,7 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
-from megatron.profiler.notes import STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
-from megatron.profiler.report import aggregate_by_depth
-from megatron.profiler.stragglers import METRICS
+from patches.profiler.notes import STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
+from patches.profiler.report import aggregate_by_depth
+from patches.profiler.stragglers import METRICS
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78

@@ -22,12 +22,12 @@ import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from megatron.profiler.peaks import peak_tflops_for
-from megatron.profiler.stragglers import SAMPLE_BYTES, RankSample
+from patches.profiler.peaks import peak_tflops_for
+from patches.profiler.stragglers import SAMPLE_BYTES, RankSample
 
 if TYPE_CHECKING:  # type names only: both modules import this one
-    from megatron.profiler.engine_hooks import InstructionTimer
-    from megatron.profiler.module_profiler import ModuleProfiler
+    from patches.profiler.engine_hooks import InstructionTimer
+    from patches.profiler.module_profiler import ModuleProfiler
 
 # Ping rounds per rank for the clock alignment: the shortest round trip of these bounds the error.
 CLOCK_PING_ROUNDS = 8

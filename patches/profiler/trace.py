@@ -19,7 +19,7 @@ import bisect
 from collections import defaultdict
 from typing import Dict, List
 
-from megatron.profiler.notes import CLOCK_SYNC
+from patches.profiler.notes import CLOCK_SYNC
 
 INSTRUCTION_CATEGORY = "instruction"
 FLOW_CATEGORY = "p2p"
