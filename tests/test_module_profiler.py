@@ -493,3 +493,42 @@ def test_attention_math_fallback_with_dropout_counts_its_bmm():
     # Q K^T and P V forward; dV, dP, dQ, dK backward: no recompute of the scores.
     assert prof.totals() == {"fwd_flops": ATTENTION_FWD, "bwd_flops": 2 * ATTENTION_FWD, "recompute_flops": 0}
     prof.remove()
+
+
+class _LinearFunction(torch.autograd.Function):
+    """A linear as a custom autograd Function, as Megatron's parallel linears are: autograd runs its forward
+    with grad mode off, also when activation checkpointing re-runs it inside backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+
+
+class _FunctionLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(H, H) / H)
+
+    def forward(self, x):
+        return _LinearFunction.apply(x, self.weight)
+
+
+@pytest.mark.parametrize("mode", ["torch_reentrant", "torch_non_reentrant", "deepspeed"])
+def test_a_custom_autograd_function_recomputed_counts_as_recompute(mode):
+    layer = _FunctionLinear()
+    model = nn.Sequential(layer)
+    x = torch.randn(B, S, H, requires_grad=True)
+    prof = ModuleProfiler(model)
+    prof.start()
+    run_layer(mode, layer, x).sum().backward()
+    prof.stop()
+    tree = by_path(prof.tree())
+    gemm = 2 * B * S * H * H
+    assert (tree["0"]["fwd_flops"], tree["0"]["bwd_flops"], tree["0"]["recompute_flops"]) == (gemm, 2 * gemm, gemm)
+    prof.remove()

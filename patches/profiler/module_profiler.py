@@ -48,7 +48,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from patches.profiler.flop_formulas import MATRIX, is_matrix_class, module_flops_for
-from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, current_phase, module_call_phase
+from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, RECOMPUTE, current_phase, module_call_phase
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
 ModuleEvent = Tuple[str, str, int, str, float, float]
@@ -356,13 +356,21 @@ class ModuleProfiler:
         return _ScopedCall(self, node, module, fn)
 
     # ------------------------------------------------------------------ FLOPs
+    def _op_phase(self):
+        """current_phase(), except that an op under a recompute call is recompute work even with grad mode
+        off: autograd runs a custom Function's forward (Megatron's parallel linears, for one) without grad."""
+        phase = current_phase()
+        if phase == BACKWARD and self._stack and self._stack[-1].phase == RECOMPUTE:
+            return RECOMPUTE
+        return phase
+
     def _credit(self, flops):
         stack = self._stack
         node = stack[-1].node if stack else self._root
-        node.flops[current_phase()] += flops
+        node.flops[self._op_phase()] += flops
 
     def _count_uncounted(self, func):
-        key = (str(func), current_phase())
+        key = (str(func), self._op_phase())
         self._uncounted[key] = self._uncounted.get(key, 0) + 1
 
     # ------------------------------------------------------------------ the stack
