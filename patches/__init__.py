@@ -2,35 +2,51 @@
 
 It imports nothing from any `megatron` package: our GPT fork and a user's own Megatron-DeepSpeed are its users.
 
-`patches.apply()` is idempotent. It refuses, with a message naming both versions, to patch a
-DeepSpeed it was not written against: the patched methods are private and change between releases.
+`patches.apply()` is idempotent. The DeepSpeed patches replace private methods, which change between
+releases: each patch names the DeepSpeed attributes it needs (REQUIRES), and a patch whose attributes
+are missing is not applied, with one line naming them (nothing is half-patched). A DeepSpeed release the
+project was not tested with gets one warning line; it is not refused.
 """
-import deepspeed
+import os
+import sys
+from typing import List
 
-SUPPORTED_DEEPSPEED = ("0.19.",)
+# Tested with these (the README's table): the patches' own tests and the upstream Megatron-DeepSpeed tier.
+TESTED_DEEPSPEED = ("0.19.8", "0.19.6", "0.18.9", "0.16.9", "0.14.5")
 
 _applied = False
 
 
-class UnsupportedDeepSpeedVersion(RuntimeError):
-    pass
+def _say(line: str) -> None:
+    """One line on global rank 0 only."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
-def check_version(version=None, targets=SUPPORTED_DEEPSPEED):
-    version = version or deepspeed.__version__
-    if not version.startswith(targets):
-        raise UnsupportedDeepSpeedVersion(
-            f"patches were written for DeepSpeed {', '.join(v + 'x' for v in targets)}; "
-            f"found {version}. The pipeline FLOPs profiler's config integration is not applied.")
+def untested_version_warning(version: str) -> str:
+    return (f"warning: patches: DeepSpeed {version} is not among the tested versions "
+            f"({', '.join(TESTED_DEEPSPEED)}); every patch still checks the DeepSpeed attributes it needs")
 
 
-def apply():
+def missing_attributes(requires) -> List[str]:
+    """The 'owner.attribute' names of `requires` ((owner, attribute) pairs) that this DeepSpeed lacks."""
+    return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in requires if not hasattr(owner, name)]
+
+
+def apply() -> None:
     global _applied
     if _applied:
         return
-    check_version()
+    import deepspeed
+
+    if deepspeed.__version__ not in TESTED_DEEPSPEED:
+        _say(untested_version_warning(deepspeed.__version__))
     from patches import flops_profiler_config, pipeline_timers, section_timers
     for patch in (section_timers, flops_profiler_config, pipeline_timers):
-        check_version(targets=patch.TARGETS)
+        missing = missing_attributes(patch.requires())
+        if missing:
+            _say(f"warning: patches: {patch.__name__} is not applied: DeepSpeed {deepspeed.__version__} has no "
+                 f"{', '.join(missing)} ({patch.WHAT_IT_FIXES} stays as DeepSpeed has it)")
+            continue
         patch.install()
     _applied = True

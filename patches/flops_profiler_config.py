@@ -20,12 +20,13 @@ What these patches change:
 """
 import functools
 
-from deepspeed.runtime.engine import DeepSpeedEngine, EngineTimers
+import deepspeed.runtime.engine as ds_engine
+from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
 
-TARGETS = ("0.19.",)
+WHAT_IT_FIXES = "the flops_profiler section (and engine.flops_profiler)"
 
 _state = {"flag_step": None}
 
@@ -33,6 +34,14 @@ _state = {"flag_step": None}
 def yield_to_flag(profile_step):
     """--profile-flops-step was given: it wins over the config section (the caller logs that)."""
     _state["flag_step"] = profile_step
+
+
+def requires():
+    """What these patches and the profiler they start use of DeepSpeed (private names included)."""
+    return [(DeepSpeedEngine, name) for name in ("flops_profiler_enabled", "flops_profiler_profile_step",
+                                                 "autotuning_enabled", "wall_clock_breakdown", "forward", "step")] + \
+        [(PipelineEngine, "train_batch"), (PipelineEngine, "_INSTRUCTION_MAP"), (PipelineEngine, "_exec_schedule"),
+         (ds_engine, "EngineTimers")]
 
 
 def install():
@@ -60,7 +69,7 @@ def _with_flops_profiler(original_init):
         self.flops_profiler = PipelineFlopsProfiler(self)
         if self.autotuning_enabled() and not self.wall_clock_breakdown():
             # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().
-            self.engine_timers = EngineTimers(enable_micro_timers=False, enable_global_timers=True)
+            self.engine_timers = ds_engine.EngineTimers(enable_micro_timers=False, enable_global_timers=True)
 
     return __init__
 

@@ -16,16 +16,20 @@ from patches.flops_profiler_config import wants_profiler
 # no attribute behind).
 _LEFT_TO_OWNER = weakref.WeakKeyDictionary()
 
-TARGETS = ("0.19.",)
+WHAT_IT_FIXES = "PipelineEngine's backward timers started twice under wall_clock_breakdown"
+
+_engine_start_timers = _engine_stop_timers = None
+
+
+def requires():
+    return [(PipelineEngine, "_start_timers"), (PipelineEngine, "_stop_timers")]
 
 
 def install():
+    global _engine_start_timers, _engine_stop_timers
+    _engine_start_timers, _engine_stop_timers = PipelineEngine._start_timers, PipelineEngine._stop_timers
     PipelineEngine._start_timers = _start_timers_once
     PipelineEngine._stop_timers = _stop_own_timers
-
-
-_engine_start_timers = PipelineEngine._start_timers
-_engine_stop_timers = PipelineEngine._stop_timers
 
 
 def _timers_fixed_for(engine):

@@ -5,15 +5,21 @@ and PipelineEngine._exec_optimizer_step then computes `global_steps % steps_per_
 default: the section alone crashes every rank. Our profiler times the step itself and never reads those
 timers, so an engine whose section is on sees exactly the wall_clock_breakdown the user wrote.
 """
-from deepspeed.runtime.config import get_wall_clock_breakdown
+import deepspeed.runtime.config as ds_config
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-TARGETS = ("0.19.",)
+WHAT_IT_FIXES = "the flops_profiler section switching wall_clock_breakdown on"
 
-_original = DeepSpeedEngine.wall_clock_breakdown
+_original = None
+
+
+def requires():
+    return [(DeepSpeedEngine, "wall_clock_breakdown"), (ds_config, "get_wall_clock_breakdown")]
 
 
 def install():
+    global _original
+    _original = DeepSpeedEngine.wall_clock_breakdown
     DeepSpeedEngine.wall_clock_breakdown = wall_clock_breakdown
 
 
@@ -21,4 +27,4 @@ def wall_clock_breakdown(self):
     """DeepSpeed bug: the section forces the timers on, and a pipeline then crashes on steps_per_print None."""
     if not self._config.flops_profiler_config.enabled:
         return _original(self)
-    return bool(get_wall_clock_breakdown(self._config._param_dict))
+    return bool(ds_config.get_wall_clock_breakdown(self._config._param_dict))

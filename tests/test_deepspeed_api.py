@@ -44,9 +44,17 @@ def test_recompute_fwd_factor_is_refused_in_one_line():
     assert "\n" not in str(error.value)
 
 
-def test_every_patch_names_the_deepspeed_versions_it_targets():
+def test_every_patch_names_the_deepspeed_attributes_it_needs_and_this_deepspeed_has_them():
     for patch in (section_timers, flops_profiler_config, pipeline_timers):
-        assert patch.TARGETS and all(version.endswith(".") for version in patch.TARGETS)
-        patches.check_version("0.19.8", targets=patch.TARGETS)
-    with pytest.raises(patches.UnsupportedDeepSpeedVersion, match="found 0.20.0"):
-        patches.check_version("0.20.0", targets=section_timers.TARGETS)
+        assert patch.requires() and patch.WHAT_IT_FIXES
+        assert patches.missing_attributes(patch.requires()) == []
+
+
+def test_a_missing_deepspeed_attribute_is_named():
+    class Engine:
+        present = None
+
+    assert patches.missing_attributes([(Engine, "present"), (Engine, "_renamed_in_a_release")]) == [
+        "Engine._renamed_in_a_release"]
+    assert patches.untested_version_warning("0.13.0").startswith(
+        "warning: patches: DeepSpeed 0.13.0 is not among the tested versions (0.19.8, 0.19.6")
