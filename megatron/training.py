@@ -1,7 +1,6 @@
 """pretrain(): build the model on DeepSpeed, then train, log, evaluate, checkpoint and profile."""
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -206,25 +205,15 @@ def _announce_profiling(args, engine):
 
 def _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
                          writer=None):
-    """Profile this step on every rank; rank 0 prints the report and writes the JSON and, beside it, the
-    Chrome trace; the TensorBoard writer (on the last rank) gets the report's headline scalars."""
-    from patches.profiler import PipelineFlopsProfiler
-    from patches.profiler.files import write_tensorboard_scalars
+    """Profile this step on every rank (patches.profiler.one_step: the report, its JSON and trace)."""
+    from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
-    analytic = gpt_flops_per_iteration(args, transformer_layers_per_stage(args))
-    profiler = PipelineFlopsProfiler(model[0], seq_length=args.seq_length, analytic=analytic,
-                                     peak_tflops=args.peak_tflops)
-    profiler.start_profile()
-    loss, skipped = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
-    profiler.stop_profile()
-    profiler.print_model_profile(profile_step=step)
-    os.makedirs(args.profile_flops_output, exist_ok=True)
-    profiler.write_json(os.path.join(args.profile_flops_output, f"flops_profile_step{step}.json"))
-    profiler.write_trace(os.path.join(args.profile_flops_output, f"pipeline_trace_step{step}.json"))
-    if writer is not None:
-        write_tensorboard_scalars(profiler.get_report(), writer, step)
-    profiler.end_profile()
-    return loss, skipped
+    request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
+                                 analytic=gpt_flops_per_iteration(args, transformer_layers_per_stage(args)),
+                                 peak_tflops=args.peak_tflops)
+    return profile_train_step(
+        model[0], request, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
+        tensorboard_writer=writer)
 
 
 def _record_loss(args, iteration, loss):

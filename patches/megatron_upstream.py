@@ -1,0 +1,197 @@
+"""Patches to upstream Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed, or a fork of it): --profile-flops-step.
+
+Upstream is recognized by what it has, not by its name; each part names what it needs when it is missing:
+- `megatron.arguments.parse_args(extra_args_provider, ...)`: the profiler's flags join its parser;
+- `megatron.training.train_step(forward_step_func, data_iterator, model, optimizer, ...)`, called by `train()`
+  after it sets `args.curr_iteration`: the iteration asked for runs under the profiler on every rank;
+- `megatron.global_vars.get_args()` (and `get_tensorboard_writer()`, where it exists).
+Nothing else of the user's Megatron is changed: an unprofiled iteration calls their own train_step.
+
+A Megatron that profiles through the patch set itself (our GPT fork says so with `PROFILES_WITH_PATCHES = True`
+in its package) is left alone.
+"""
+import copy
+import functools
+import inspect
+import os
+import sys
+from argparse import ArgumentParser, Namespace
+from types import ModuleType
+from typing import Callable, List, Optional
+
+from patches.errors import PatchConfigError, exit_with_one_line
+from patches.import_hooks import after_import
+
+PROFILE_STEP_FLAG = "--profile-flops-step"
+TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
+STILL_WORKS = "the DeepSpeed config's flops_profiler section still profiles pipeline runs"
+
+
+class _State:
+    """What install() was told, and whether the Megatron found profiles itself."""
+    profile_step_requested = False
+    megatron_profiles_itself = False
+
+
+def install(argv: List[str]) -> None:
+    """Patch the Megatron the script will import (now, if it is imported already). argv: the script's arguments,
+    to know whether --profile-flops-step was asked for (a missing part is then an error, not a warning)."""
+    _State.profile_step_requested = any(arg == PROFILE_STEP_FLAG or arg.startswith(PROFILE_STEP_FLAG + "=")
+                                        for arg in argv)
+    after_import("megatron", _note_self_profiling)
+    after_import("megatron.arguments", _patch_parse_args)
+    after_import("megatron.training", _patch_train_step)
+
+
+def _note_self_profiling(package: ModuleType) -> None:
+    _State.megatron_profiles_itself = bool(getattr(package, "PROFILES_WITH_PATCHES", False))
+
+
+def _missing(what: str, module: ModuleType) -> None:
+    """One line naming the upstream part not found; exit 2 when --profile-flops-step needs it."""
+    where = getattr(module, "__file__", module.__name__)
+    message = f"patches.launch: this Megatron has no {what} ({where}): --profile-flops-step is not available; "
+    if _State.profile_step_requested:
+        exit_with_one_line(message + f"remove it ({STILL_WORKS})")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"warning: {message}{STILL_WORKS}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the flags
+def add_profiler_flags(parser: ArgumentParser) -> ArgumentParser:
+    """--profile-flops-step and --profile-flops-output, as our GPT fork defines them."""
+    group = parser.add_argument_group("FLOPs profiler (patches)")
+    group.add_argument(PROFILE_STEP_FLAG, type=int, default=None,
+                       help="profile this iteration on every pipeline stage and print one gathered report")
+    group.add_argument("--profile-flops-output", default=".",
+                       help="directory for flops_profile_step{N}.json and pipeline_trace_step{N}.json")
+    return parser
+
+
+def check_profiler_flags(args: Namespace) -> None:
+    """Raise PatchConfigError on a --profile-flops-step that could never run or report."""
+    step = args.profile_flops_step
+    if step is None:
+        return
+    if step < 1:
+        raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} must be >= 1")
+    if not getattr(args, "deepspeed", False):
+        raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
+    train_iters = getattr(args, "train_iters", None)
+    if train_iters is not None and step > train_iters:
+        raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} is beyond --train-iters {train_iters}")
+    output = args.profile_flops_output
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as error:
+        raise PatchConfigError(f"--profile-flops-output {output} cannot be made: {error.strerror}") from None
+    if not os.access(output, os.W_OK):
+        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory")
+
+
+def _patch_parse_args(module: ModuleType) -> None:
+    if _State.megatron_profiles_itself:
+        return
+    original = getattr(module, "parse_args", None)
+    if not callable(original) or "extra_args_provider" not in inspect.signature(original).parameters:
+        _missing("megatron.arguments.parse_args(extra_args_provider, ...)", module)
+        return
+    module.parse_args = _parse_args_with_profiler_flags(original)
+
+
+def _parse_args_with_profiler_flags(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def parse_args(extra_args_provider=None, *args, **kwargs):
+        def provider(parser):
+            if extra_args_provider is not None:
+                parser = extra_args_provider(parser)
+            return add_profiler_flags(parser)
+
+        parsed = original(provider, *args, **kwargs)
+        try:
+            check_profiler_flags(parsed)
+        except PatchConfigError as error:
+            exit_with_one_line(str(error))
+        _announce(parsed)
+        return parsed
+
+    return parse_args
+
+
+def _announce(args: Namespace) -> None:
+    if args.profile_flops_step is None:
+        return
+    from patches.flops_profiler_config import yield_to_flag
+
+    yield_to_flag(args.profile_flops_step)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"> FLOPs profiler (patches): iteration {args.profile_flops_step} will be profiled on every stage; "
+              f"report files in {args.profile_flops_output}", flush=True)
+
+
+# ---------------------------------------------------------------- the profiled iteration
+def _patch_train_step(module: ModuleType) -> None:
+    if _State.megatron_profiles_itself:
+        return
+    original = getattr(module, "train_step", None)
+    if not callable(original) or \
+            list(inspect.signature(original).parameters)[:len(TRAIN_STEP_LEADING_PARAMETERS)] \
+            != TRAIN_STEP_LEADING_PARAMETERS:
+        _missing(f"megatron.training.train_step({', '.join(TRAIN_STEP_LEADING_PARAMETERS)}, ...)", module)
+        return
+    global_vars = sys.modules.get("megatron.global_vars")
+    if global_vars is None or not callable(getattr(global_vars, "get_args", None)):
+        _missing("megatron.global_vars.get_args()", module)
+        return
+    module.train_step = _profiling_train_step(original, global_vars)
+
+
+def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:
+    @functools.wraps(original)
+    def train_step(*args, **kwargs):
+        megatron_args = global_vars.get_args()
+        step = _iteration_being_run(megatron_args)
+        if step is None or step != megatron_args.profile_flops_step:
+            return original(*args, **kwargs)
+        model = kwargs["model"] if "model" in kwargs else args[2]
+        return _profile(model[0], megatron_args, step, global_vars, lambda: original(*args, **kwargs))
+
+    return train_step
+
+
+def _iteration_being_run(args: Namespace) -> Optional[int]:
+    """The 1-based iteration train() is running: it sets curr_iteration to the count done before train_step."""
+    if getattr(args, "profile_flops_step", None) is None:
+        return None
+    if not hasattr(args, "curr_iteration"):  # the same on every rank: all exit together
+        exit_with_one_line("patches.launch: this Megatron's train() sets no args.curr_iteration before "
+                           f"train_step: {PROFILE_STEP_FLAG} cannot find its iteration ({STILL_WORKS})")
+    return args.curr_iteration + 1
+
+
+def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable):
+    from patches.profiler.one_step import StepProfileRequest, profile_train_step
+
+    request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
+                                 analytic=upstream_analytic_flops(args, engine))
+    get_writer = getattr(global_vars, "get_tensorboard_writer", None)
+    writer = get_writer() if callable(get_writer) else None
+    return profile_train_step(engine, request, run_step, tensorboard_writer=writer)
+
+
+def upstream_analytic_flops(args: Namespace, engine) -> Optional[dict]:
+    """The Megatron-LM formula on upstream's arguments (patches.profiler.analytic_flops), or None where this
+    Megatron's arguments lack what it needs. Upstream's GPTModelPipe checkpoints every --checkpoint-num-layers
+    (or, with --recompute-granularity full --recompute-method uniform, --recompute-num-layers) layers."""
+    from patches.profiler.analytic_flops import gpt_flops_per_iteration
+
+    view = copy.copy(args)
+    view.num_micro_batches = engine.gradient_accumulation_steps()
+    granularity, method = getattr(args, "recompute_granularity", None), getattr(args, "recompute_method", None)
+    full = (granularity, method) == ("full", "uniform")
+    view.checkpoint_activations = bool(getattr(args, "checkpoint_activations", False)) or full
+    view.recompute_method = "uniform"
+    try:
+        return gpt_flops_per_iteration(view)
+    except (AttributeError, TypeError):  # a fork without these arguments: the report has no analytic column
+        return None

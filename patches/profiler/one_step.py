@@ -1,0 +1,55 @@
+"""`--profile-flops-step N`: one training iteration profiled on every rank, its report printed and written.
+
+Shared by every Megatron that profiles through the patch set (our GPT fork, and upstream Megatron-DeepSpeed
+through patches.megatron_upstream), so the same flag gives the same report and the same files.
+"""
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from patches.profiler.files import write_tensorboard_scalars
+from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
+
+StepResult = TypeVar("StepResult")
+
+
+@dataclass(frozen=True)
+class StepProfileRequest:
+    """What --profile-flops-step asks for one iteration."""
+    step: int
+    output_dir: str
+    seq_length: Optional[int] = None
+    analytic: Optional[dict] = None  # the Megatron-LM formula's {'fwd_flops', 'bwd_flops', 'recompute_flops'}
+    peak_tflops: Optional[float] = None
+
+    @property
+    def json_path(self) -> str:
+        return os.path.join(self.output_dir, f"flops_profile_step{self.step}.json")
+
+    @property
+    def trace_path(self) -> str:
+        return os.path.join(self.output_dir, f"pipeline_trace_step{self.step}.json")
+
+
+def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run_step: Callable[[], StepResult],
+                       tensorboard_writer: Any = None) -> StepResult:
+    """Run one iteration (run_step) profiled on every rank; global rank 0 prints the report and writes the JSON
+    and, beside it, the Chrome trace; a TensorBoard writer (where the rank has one) gets the headline scalars.
+    Collective: every rank of the run calls it for the same iteration."""
+    profiler = PipelineFlopsProfiler(engine, seq_length=request.seq_length, analytic=request.analytic,
+                                     peak_tflops=request.peak_tflops)
+    profiler.start_profile()
+    try:
+        result = run_step()
+    finally:
+        profiler.stop_profile()
+    profiler.print_model_profile(profile_step=request.step)
+    os.makedirs(request.output_dir, exist_ok=True)
+    profiler.write_json(request.json_path)
+    profiler.write_trace(request.trace_path)
+    if tensorboard_writer is not None:
+        write_tensorboard_scalars(profiler.get_report(), tensorboard_writer, request.step)
+    profiler.end_profile()
+    return result

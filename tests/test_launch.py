@@ -1,0 +1,160 @@
+"""patches.launch and the Megatron-DeepSpeed patches, on small Megatron-shaped packages written by the tests.
+
+The real upstream tree is exercised by tests/test_upstream_checkout.py (when MEGATRON_DEEPSPEED_DIR is set);
+these check what needs no tree: the launcher's argument order, the import hook, and the one-line answers
+for a Megatron that lacks what the patches need.
+"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from patches.launch import USAGE, split_launcher_arguments
+from tests.helpers.launch import REPO
+
+
+def test_the_deepspeed_launchers_local_rank_goes_after_the_script():
+    launcher, script, rest = split_launcher_arguments(["--local_rank=3", "pretrain_gpt.py", "--num-layers", "2"])
+    assert (launcher, script, rest) == (["--local_rank=3"], "pretrain_gpt.py", ["--num-layers", "2"])
+    assert split_launcher_arguments(["--local_rank", "1", "x.py"]) == (["--local_rank", "1"], "x.py", [])
+    assert split_launcher_arguments(["x.py", "--local_rank=0"]) == ([], "x.py", ["--local_rank=0"])
+
+
+@pytest.mark.parametrize("argv", [[], ["--local_rank=0"], ["--num-layers", "2"]])
+def test_no_script_is_a_usage_error(argv):
+    with pytest.raises(ValueError, match="usage: python -m patches.launch"):
+        split_launcher_arguments(argv)
+
+
+def _write(root, files):
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def _run_launch(cwd, *args):
+    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "patches.launch", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+# A Megatron of upstream's shape: parse_args(extra_args_provider, ignore_unknown_args) and
+# train_step(forward_step_func, data_iterator, model, optimizer, ...), which initialize imports by name.
+UPSTREAM_SHAPED = {
+    "megatron/__init__.py": "",
+    "megatron/global_vars.py": """
+        _ARGS = None
+        def get_args():
+            return _ARGS
+    """,
+    "megatron/arguments.py": """
+        import argparse
+        def parse_args(extra_args_provider=None, ignore_unknown_args=False):
+            parser = argparse.ArgumentParser(allow_abbrev=False)
+            parser.add_argument("--train-iters", type=int, default=10)
+            parser.add_argument("--deepspeed", action="store_true")
+            parser.add_argument("--local_rank", type=int, default=None)
+            if extra_args_provider is not None:
+                parser = extra_args_provider(parser)
+            return parser.parse_args()
+    """,
+    "megatron/initialize.py": """
+        from megatron.arguments import parse_args
+        from megatron import global_vars
+        def initialize():
+            global_vars._ARGS = parse_args(None, False)
+            return global_vars._ARGS
+    """,
+    "megatron/training.py": """
+        from megatron.global_vars import get_args
+        def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config):
+            return "unprofiled step"
+    """,
+    "pretrain_gpt.py": """
+        import sys
+        from megatron.initialize import initialize
+        from megatron import training
+        args = initialize()
+        print("argv", sys.argv[1:])
+        print("flags", args.profile_flops_step, args.profile_flops_output)
+        args.curr_iteration = 0
+        print("step 1:", training.train_step(None, None, [None], None, None, None))
+        from megatron import arguments
+        print(hasattr(arguments.parse_args, "__wrapped__"), hasattr(training.train_step, "__wrapped__"))
+    """,
+}
+
+
+def test_upstream_shaped_megatron_gets_the_profiler_flags_and_keeps_its_own_script_order(tmp_path):
+    _write(tmp_path, UPSTREAM_SHAPED)
+    process = _run_launch(tmp_path, "--local_rank=0", "pretrain_gpt.py", "--train-iters", "3",
+                          "--profile-flops-step", "2", "--deepspeed", "--profile-flops-output", tmp_path / "out")
+    assert process.returncode == 0, process.stderr
+    lines = process.stdout.splitlines()
+    assert "argv ['--local_rank=0', '--train-iters', '3', '--profile-flops-step', '2', '--deepspeed', " \
+           f"'--profile-flops-output', '{tmp_path / 'out'}']" in lines
+    assert f"flags 2 {tmp_path / 'out'}" in lines
+    assert "step 1: unprofiled step" in lines  # iteration 1 is not the profiled one: their own train_step ran
+    assert "True True" in lines  # both patched
+    assert "> FLOPs profiler (patches): iteration 2 will be profiled on every stage" in process.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--profile-flops-step", "5"], "error: --profile-flops-step 5 is beyond --train-iters 3"),
+    (["--profile-flops-step", "0"], "error: --profile-flops-step 0 must be >= 1"),
+])
+def test_a_profile_step_that_cannot_run_is_one_line_and_exit_2(tmp_path, flags, message):
+    _write(tmp_path, UPSTREAM_SHAPED)
+    process = _run_launch(tmp_path, "pretrain_gpt.py", "--train-iters", "3", "--deepspeed", *flags)
+    assert process.returncode == 2
+    assert process.stderr.strip().splitlines() == [message]
+
+
+def test_a_megatron_without_train_step_is_named_and_profiling_refused(tmp_path):
+    files = dict(UPSTREAM_SHAPED)
+    files["megatron/training.py"] = "def other_step(model):\n    return None\n"
+    files["pretrain_gpt.py"] = "from megatron.initialize import initialize\nimport megatron.training\ninitialize()\n"
+    _write(tmp_path, files)
+    refused = _run_launch(tmp_path, "pretrain_gpt.py", "--deepspeed", "--profile-flops-step", "1")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: patches.launch: this Megatron has no megatron.training.train_step(forward_step_func, "
+        f"data_iterator, model, optimizer, ...) ({tmp_path / 'megatron' / 'training.py'}): --profile-flops-step "
+        "is not available; remove it (the DeepSpeed config's flops_profiler section still profiles pipeline runs)"]
+    unprofiled = _run_launch(tmp_path, "pretrain_gpt.py", "--deepspeed")
+    assert unprofiled.returncode == 0
+    assert unprofiled.stderr.strip().splitlines()[0].startswith("warning: patches.launch: this Megatron has no ")
+
+
+def test_a_script_that_is_not_there_and_a_missing_script_are_one_line(tmp_path):
+    missing = _run_launch(tmp_path, "--local_rank=0", "nope.py")
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == f"error: patches.launch: no script nope.py (from {tmp_path})"
+    usage = _run_launch(tmp_path, "--local_rank=0")
+    assert (usage.returncode, usage.stderr.strip()) == (2, f"error: {USAGE}")
+
+
+def test_the_script_runs_as_main_with_its_own_directory_first_on_the_path(tmp_path):
+    _write(tmp_path, {"elsewhere/script.py": """
+        import sys, os
+        print(__name__, sys.argv, os.path.basename(sys.path[0]))
+    """})
+    process = _run_launch(tmp_path, "elsewhere/script.py", "a", "--b")
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.strip().splitlines()[-1] == "__main__ ['elsewhere/script.py', 'a', '--b'] elsewhere"
+
+
+def test_a_megatron_that_profiles_itself_is_left_alone(tmp_path):
+    files = dict(UPSTREAM_SHAPED)
+    files["megatron/__init__.py"] = "PROFILES_WITH_PATCHES = True\n"
+    files["pretrain_gpt.py"] = """
+        from megatron.initialize import initialize
+        from megatron import training, arguments
+        print(hasattr(arguments.parse_args, "__wrapped__"), hasattr(training.train_step, "__wrapped__"))
+    """
+    _write(tmp_path, files)
+    process = _run_launch(tmp_path, "pretrain_gpt.py")
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.strip().splitlines()[-1] == "False False"
