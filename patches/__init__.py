@@ -9,7 +9,7 @@ project was not tested with gets one warning line; it is not refused.
 """
 import os
 import sys
-from typing import List
+from typing import List, Optional
 
 # Tested with these (the README's table): the patches' own tests and the upstream Megatron-DeepSpeed tier.
 TESTED_DEEPSPEED = ("0.19.8", "0.19.6", "0.18.9", "0.16.9", "0.14.5")
@@ -31,6 +31,16 @@ def untested_version_warning(version: str) -> str:
 def missing_attributes(requires) -> List[str]:
     """The 'owner.attribute' names of `requires` ((owner, attribute) pairs) that this DeepSpeed lacks."""
     return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in requires if not hasattr(owner, name)]
+
+
+def apply_to_this_run(argv: Optional[List[str]] = None) -> None:
+    """apply(), and the patches to the Megatron-DeepSpeed this process imports (patches.megatron_upstream):
+    what `python -m patches.launch` does, as one line at the top of a user's own pretrain_gpt.py.
+    argv: the script's arguments (default sys.argv[1:]), to know whether --profile-flops-step is asked for."""
+    apply()
+    from patches import megatron_upstream
+
+    megatron_upstream.install(sys.argv[1:] if argv is None else argv)
 
 
 def apply() -> None:

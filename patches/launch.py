@@ -44,10 +44,8 @@ def main(argv: List[str]) -> None:
         exit_with_one_line(f"patches.launch: no script {script} (from {os.getcwd()})")
 
     import patches
-    from patches import megatron_upstream
 
-    patches.apply()
-    megatron_upstream.install(script_args)
+    patches.apply_to_this_run(script_args)
 
     sys.argv = [script] + launcher + script_args
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it

@@ -57,6 +57,15 @@ def _missing(what: str, module: ModuleType) -> None:
         print(f"warning: {message}{STILL_WORKS}", file=sys.stderr, flush=True)
 
 
+def _replace(module: ModuleType, name: str, original: Callable, patched: Callable) -> None:
+    """module.name = patched, and in every megatron module imported already that bound the original by name
+    (`from megatron.arguments import parse_args`): the patches may be applied after the script's imports."""
+    setattr(module, name, patched)
+    for other_name, other in list(sys.modules.items()):
+        if other_name.startswith("megatron") and other is not module and getattr(other, name, None) is original:
+            setattr(other, name, patched)
+
+
 # ---------------------------------------------------------------- the flags
 def add_profiler_flags(parser: ArgumentParser) -> ArgumentParser:
     """--profile-flops-step and --profile-flops-output, as our GPT fork defines them."""
@@ -96,7 +105,7 @@ def _patch_parse_args(module: ModuleType) -> None:
     if not callable(original) or "extra_args_provider" not in inspect.signature(original).parameters:
         _missing("megatron.arguments.parse_args(extra_args_provider, ...)", module)
         return
-    module.parse_args = _parse_args_with_profiler_flags(original)
+    _replace(module, "parse_args", original, _parse_args_with_profiler_flags(original))
 
 
 def _parse_args_with_profiler_flags(original: Callable) -> Callable:
@@ -143,7 +152,7 @@ def _patch_train_step(module: ModuleType) -> None:
     if global_vars is None or not callable(getattr(global_vars, "get_args", None)):
         _missing("megatron.global_vars.get_args()", module)
         return
-    module.train_step = _profiling_train_step(original, global_vars)
+    _replace(module, "train_step", original, _profiling_train_step(original, global_vars))
 
 
 def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:

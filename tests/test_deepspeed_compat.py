@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from patches.profiler.printer import HEADER
 from tests.helpers.launch import REPO, explain, launch
 
 pytestmark = pytest.mark.launch
 
 SCRIPT = REPO / "tests" / "scripts" / "compat_scenarios.py"
-HEADER = "DeepSpeed Flops Profiler"
 SCENARIOS = ["ds_unit_one_layer", "plain_no_steps_per_print", "plain_wall_clock", "plain_zero1", "plain_zero2",
              "pipe_no_steps_per_print", "pipe_wall_clock", "pipe_bf16", "pipe_zero1", "pipe_training_data",
              "pipe_eval_on_profiled_step", "pipe_functions", "pipe_conv", "pipe_checkpointing"]

@@ -158,3 +158,25 @@ def test_a_megatron_that_profiles_itself_is_left_alone(tmp_path):
     process = _run_launch(tmp_path, "pretrain_gpt.py")
     assert process.returncode == 0, process.stderr
     assert process.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_the_one_line_edit_works_after_the_scripts_own_imports(tmp_path):
+    """`import patches; patches.apply_to_this_run()` placed after `from megatron... import` still reaches the
+    names the script's modules bound (megatron.initialize's parse_args)."""
+    files = dict(UPSTREAM_SHAPED)
+    files["pretrain_gpt.py"] = """
+        from megatron.initialize import initialize
+        from megatron import training
+        import patches
+        patches.apply_to_this_run()
+        args = initialize()
+        print("flags", args.profile_flops_step)
+        from megatron import arguments
+        print(hasattr(arguments.parse_args, "__wrapped__"), hasattr(training.train_step, "__wrapped__"))
+    """
+    _write(tmp_path, files)
+    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "PYTHONPATH": str(REPO)}
+    process = subprocess.run([sys.executable, "pretrain_gpt.py", "--deepspeed", "--profile-flops-step", "2"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.strip().splitlines()[-2:] == ["flags 2", "True True"]

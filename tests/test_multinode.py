@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from patches.profiler.printer import HEADER
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, deepspeed_launcher, explain, free_port, remove_shm_buffers
 from tests.helpers.multinode import PROFILE_STEP, two_node_profile, write_hostfile
@@ -19,7 +20,6 @@ from tests.helpers.tiny_gpt import check_instruction_counts, check_totals, stage
 
 pytestmark = pytest.mark.launch
 
-HEADER = "DeepSpeed Flops Profiler"
 PRETRAIN = REPO / "pretrain_gpt.py"
 SHAPE_KEYS = ("world_size", "pipeline_parallel_size", "tensor_parallel_size", "data_parallel_size",
               "micro_batches", "micro_batch_size")

@@ -5,12 +5,14 @@ import re
 import pytest
 
 from patches.profiler.files import validate_report
-from patches.profiler.printer import number_to_string
+from patches.profiler.printer import (
+    HEADER,
+    number_to_string,
+)
 from tests.helpers.flags import PP2_TP2, PP2_TP2_CKPT, layout
 from tests.helpers.launch import REPO, explain, launch, run_pretrain
 from tests.helpers.tiny_gpt import dense_params, expected_flops
 
-HEADER = "DeepSpeed Flops Profiler"
 pytestmark = pytest.mark.launch
 
 

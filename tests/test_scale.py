@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from patches.profiler.printer import HEADER
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import explain, run_pretrain
 from tests.helpers.multinode import PROFILE_STEP, two_node_profile
@@ -20,7 +21,6 @@ from tests.helpers.tiny_gpt import (
 
 pytestmark = pytest.mark.launch
 
-HEADER = "DeepSpeed Flops Profiler"
 
 
 def profile(tmp_path, nprocs, flags, step=1, timeout=300):

@@ -23,6 +23,7 @@ from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from patches.profiler.files import validate_report
+from patches.profiler.printer import HEADER
 from tests.helpers.corpus import (
     SENTENCEPIECE_PREFIX,
     demo_documents,
@@ -49,7 +50,6 @@ PROFILE_STEP = 2
 NPROCS = GPT_125M["mp_size"] * GPT_125M["pp_size"]
 PRECISION = "fp16" if get_accelerator().is_fp16_supported() else "bf16"
 DEMO = REPO / "tools" / "demo_corpus"
-HEADER = "DeepSpeed Flops Profiler"
 
 
 @pytest.fixture(scope="module")

@@ -42,11 +42,12 @@ def deepspeed_launcher():
     return str(Path(sys.executable).parent / "deepspeed")
 
 
-def launch(script, nprocs, script_args, cwd, timeout=300, env=None):
-    """`deepspeed --num_gpus N script args`; returns the CompletedProcess (text output)."""
+def launch(script, nprocs, script_args, cwd, timeout=300, env=None, launcher=None, launcher_args=()):
+    """`deepspeed --num_gpus N [launcher_args] script args`; returns the CompletedProcess (text output).
+    launcher: another environment's `deepspeed` command (default: this one's)."""
     port = free_port()
-    command = [deepspeed_launcher(), "--num_gpus", str(nprocs), "--master_port", str(port),
-               str(script)] + [str(a) for a in script_args]
+    command = [*(launcher or [deepspeed_launcher()]), "--num_gpus", str(nprocs), "--master_port", str(port),
+               *launcher_args, str(script)] + [str(a) for a in script_args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
     full_env.update(env or {})
     try:

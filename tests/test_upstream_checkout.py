@@ -1,0 +1,190 @@
+"""The patch set in a real upstream Megatron-DeepSpeed checkout: `deepspeed --module patches.launch pretrain_gpt.py`.
+
+Runs only when MEGATRON_DEEPSPEED_DIR points at an upstream tree (github.com/deepspeedai/Megatron-DeepSpeed,
+its `megatron/data` helpers built with `make -C megatron/data`); the README says how to get one. Upstream
+imports `deepspeed.compression.compress`, gone from DeepSpeed 0.19.7, so MEGATRON_DEEPSPEED_PYTHON names the
+interpreter of an environment with DeepSpeed <= 0.19.6 and this project installed (default: this one).
+The tree is only pointed at: no upstream code is in this repository. tests/upstream_shim (first on
+PYTHONPATH for the upstream runs) fills upstream's own CPU gaps and records its exact losses.
+
+On pp 2 and tp 2 x pp 2 with activation checkpointing, over gloo with the deepspeed launcher:
+- losses of the module launch (profiling iteration 2) are bitwise those of the plain launch;
+- the report's whole-model params and forward, backward and recompute FLOPs equal our own fork's
+  pretrain_gpt.py for the same flags, and the hand count;
+- the DeepSpeed config's flops_profiler section alone (no flag) prints one report and does not crash.
+"""
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from patches.profiler.printer import HEADER
+from tests.helpers.corpus import MERGE_FILE, VOCAB_FILE, preprocess_demo_corpus
+from tests.helpers.launch import REPO, explain, launch, read_losses
+
+UPSTREAM = os.environ.get("MEGATRON_DEEPSPEED_DIR")
+UPSTREAM_PYTHON = os.environ.get("MEGATRON_DEEPSPEED_PYTHON", sys.executable)
+SHIM = REPO / "tests" / "upstream_shim"
+
+pytestmark = [
+    pytest.mark.launch,
+    pytest.mark.skipif(not UPSTREAM, reason="MEGATRON_DEEPSPEED_DIR is not set: no upstream Megatron-DeepSpeed "
+                                            "tree to test against (see the README)"),
+]
+
+LAYERS, HIDDEN, HEADS, SEQ, GLOBAL_BATCH = 4, 64, 4, 32, 4
+PROFILE_STEP = 2
+
+
+def model_flags(pp, tp, data_prefix, ds_config):
+    """Flags both upstream's and our pretrain_gpt.py take: a tiny GPT, micro-batch 1 (upstream's current main
+    needs flash attention above 1 on CPU), checkpointing every layer, fp32, gloo."""
+    return ["--pipeline-model-parallel-size", pp, "--tensor-model-parallel-size", tp,
+            "--num-layers", LAYERS, "--hidden-size", HIDDEN, "--num-attention-heads", HEADS,
+            "--seq-length", SEQ, "--max-position-embeddings", SEQ, "--micro-batch-size", 1,
+            "--global-batch-size", GLOBAL_BATCH, "--train-iters", 3, "--lr", "1e-3", "--min-lr", "1e-4",
+            "--lr-decay-style", "constant", "--log-interval", 1, "--eval-iters", 0, "--eval-interval", 1000,
+            "--split", "100,0,0", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", VOCAB_FILE,
+            "--merge-file", MERGE_FILE, "--data-path", data_prefix, "--distributed-backend", "gloo",
+            "--deepspeed", "--deepspeed_config", ds_config, "--seed", 1234, "--no-gradient-accumulation-fusion",
+            "--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("upstream")
+    data_prefix = preprocess_demo_corpus(root)
+    plain = {"train_batch_size": GLOBAL_BATCH, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 1000,
+             "gradient_clipping": 1.0, "zero_optimization": {"stage": 0}}
+    section = dict(plain, flops_profiler={"enabled": True, "profile_step": PROFILE_STEP, "module_depth": -1,
+                                          "top_modules": 1, "detailed": False})
+    (root / "ds_plain.json").write_text(json.dumps(plain))
+    (root / "ds_section.json").write_text(json.dumps(section))
+    return root, data_prefix
+
+
+def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.json"):
+    """Upstream's pretrain_gpt.py from its tree under the deepspeed launcher; returns (process, losses)."""
+    root, data_prefix = workdir
+    record = root / f"{name}_losses.jsonl"
+    args = model_flags(pp, tp, data_prefix, root / config) + list(extra)
+    launcher = [str(Path(UPSTREAM_PYTHON).parent / "deepspeed")]
+    script = ["--module", "patches.launch", "pretrain_gpt.py"] if via_module else ["pretrain_gpt.py"]
+    env = {"PYTHONPATH": str(SHIM), "UPSTREAM_LOSS_RECORD": str(record),
+           # DeepSpeed JIT-builds its CPU comm op per version: this interpreter's DeepSpeed gets its own cache.
+           "TORCH_EXTENSIONS_DIR": str(Path(tempfile.gettempdir()) / (
+               "torch_extensions_" + hashlib.sha1(UPSTREAM_PYTHON.encode()).hexdigest()[:10]))}
+    process = launch(script[-1], pp * tp, args, cwd=UPSTREAM, timeout=600, env=env,
+                     launcher=launcher, launcher_args=script[:-1])
+    return process, read_losses(record)
+
+
+def run_fork(workdir, name, pp, tp, extra=()):
+    """Our own pretrain_gpt.py with the same flags, profiling the same iteration; returns its report."""
+    root, data_prefix = workdir
+    out = root / f"{name}_profile"
+    args = model_flags(pp, tp, data_prefix, root / "ds_plain.json") + list(extra) + [
+        "--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out]
+    process = launch(REPO / "pretrain_gpt.py", pp * tp, args, cwd=root, timeout=600)
+    assert process.returncode == 0, explain(process)
+    return json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+
+
+def padded_vocab(tp):
+    """Upstream's padding: the GPT-2 BPE vocabulary rounded up to 128 x tp."""
+    size, multiple = len(json.loads(Path(VOCAB_FILE).read_text())), 128 * tp
+    return -(-size // multiple) * multiple
+
+
+def hand_count(tp):
+    """Whole-model params and FLOPs of one iteration (4 micro-batches of 1 sequence), 2 FLOPs a multiply-add."""
+    h, s, vocab, batch = HIDDEN, SEQ, padded_vocab(tp), GLOBAL_BATCH
+    layer_fwd = batch * s * 24 * h * h + batch * 4 * s * s * h  # QKV, projection, MLP; the two attention GEMMs
+    fwd = LAYERS * layer_fwd + 2 * batch * s * h * vocab  # + the tied LM head
+    params = vocab * h + s * h + LAYERS * (12 * h * h + 13 * h) + 2 * h  # tied embedding once, final LayerNorm
+    return {"params": params, "fwd_flops": fwd, "bwd_flops": 2 * fwd, "recompute_flops": LAYERS * layer_fwd}
+
+
+def report_totals(report):
+    return {key: report["totals"][key] for key in ("params", "fwd_flops", "bwd_flops", "recompute_flops")}
+
+
+@pytest.mark.parametrize("pp, tp", [(2, 1), (2, 2)], ids=["pp2", "tp2xpp2"])
+def test_module_launch_profiles_upstream_exactly_and_changes_nothing(workdir, pp, tp):
+    name = f"pp{pp}tp{tp}"
+    plain, plain_losses = run_upstream(workdir, f"{name}_plain", pp, tp, via_module=False)
+    assert plain.returncode == 0, explain(plain)
+    out = workdir[0] / f"{name}_upstream_profile"
+    profiled, profiled_losses = run_upstream(
+        workdir, f"{name}_profiled", pp, tp, via_module=True,
+        extra=["--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out])
+    assert profiled.returncode == 0, explain(profiled)
+
+    assert sorted(plain_losses) == [1, 2, 3]
+    assert profiled_losses == plain_losses  # bitwise: float.hex recorded by the last rank
+    output = profiled.stdout + profiled.stderr
+    assert output.count(HEADER) == 1 and f"Profile Summary at step {PROFILE_STEP}:" in output
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    assert (out / f"pipeline_trace_step{PROFILE_STEP}.json").exists()
+    assert report["parallelism"]["pipeline_parallel_size"] == pp
+    assert report["parallelism"]["tensor_parallel_size"] == tp
+    assert report_totals(report) == hand_count(tp)
+    assert report_totals(report) == report_totals(run_fork(workdir, name, pp, tp))
+    assert report["totals"]["analytic_flops"] == sum(hand_count(tp)[key] for key in (
+        "fwd_flops", "bwd_flops", "recompute_flops"))
+
+
+# LLaMA's shape in upstream's flags: RMSNorm, SwiGLU, rotary embeddings, 2 key/value heads for 4 query heads,
+# an untied output layer, no linear biases.
+LLAMA_FLAGS = ["--normalization", "rmsnorm", "--swiglu", "--ffn-hidden-size", 128, "--use-rotary-position-embeddings",
+               "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+               "--attention-dropout", 0, "--hidden-dropout", 0]
+# Upstream's own bug on its current main: update_rotary_pos_emb calls .to() on the list RotaryEmbedding returns.
+UPSTREAM_ROTARY_BUG = "AttributeError: 'list' object has no attribute 'to'"
+
+
+def llama_hand_count(tp):
+    h, s, vocab, batch, kv_heads, ffn = HIDDEN, SEQ, padded_vocab(tp), GLOBAL_BATCH, 2, 128
+    head_dim = h // HEADS
+    per_token = 2 * h * (h + 2 * kv_heads * head_dim) + 2 * h * h + 6 * h * ffn  # QKV, projection, SwiGLU MLP
+    layer_fwd = batch * s * per_token + batch * 4 * s * s * h
+    fwd = LAYERS * layer_fwd + 2 * batch * s * h * vocab
+    layer_params = h * (h + 2 * kv_heads * head_dim) + h * h + h * 2 * ffn + ffn * h + 2 * h  # no biases; 2 RMSNorms
+    params = 2 * vocab * h + LAYERS * layer_params + h  # embedding and output layer apart; final RMSNorm
+    return {"params": params, "fwd_flops": fwd, "bwd_flops": 2 * fwd, "recompute_flops": LAYERS * layer_fwd}
+
+
+def test_llama_shaped_upstream_is_profiled_exactly(workdir):
+    """tp 2 x pp 2. The backward differs from our fork's by design: its attention runs SDPA's fused kernel,
+    whose backward recomputes Q K^T (one GEMM more, counted as executed); upstream's runs two plain GEMMs."""
+    plain, plain_losses = run_upstream(workdir, "llama_plain", 2, 2, via_module=False, extra=LLAMA_FLAGS)
+    if plain.returncode != 0 and UPSTREAM_ROTARY_BUG in plain.stdout + plain.stderr:
+        pytest.skip("this upstream tree cannot train with rotary embeddings (its own update_rotary_pos_emb bug)")
+    assert plain.returncode == 0, explain(plain)
+    out = workdir[0] / "llama_upstream_profile"
+    profiled, profiled_losses = run_upstream(
+        workdir, "llama_profiled", 2, 2, via_module=True,
+        extra=LLAMA_FLAGS + ["--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out])
+    assert profiled.returncode == 0, explain(profiled)
+    assert sorted(plain_losses) == [1, 2, 3] and profiled_losses == plain_losses
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    expected = llama_hand_count(2)
+    assert report_totals(report) == expected
+    assert report["totals"]["analytic_flops"] == sum(expected[key] for key in (
+        "fwd_flops", "bwd_flops", "recompute_flops"))
+    fork = report_totals(run_fork(workdir, "llama", 2, 2, extra=LLAMA_FLAGS))
+    assert {key: fork[key] for key in ("params", "fwd_flops", "recompute_flops")} == {
+        key: expected[key] for key in ("params", "fwd_flops", "recompute_flops")}
+
+
+def test_the_config_section_alone_reports_once_on_upstream(workdir):
+    process, losses = run_upstream(workdir, "section", 2, 1, via_module=True, config="ds_section.json")
+    assert process.returncode == 0, explain(process)
+    output = process.stdout + process.stderr
+    assert output.count(HEADER) == 1 and f"Profile Summary at step {PROFILE_STEP}:" in output
+    assert "bwd_microstep timer has already been started" not in output
+    assert sorted(losses) == [1, 2, 3]
