@@ -33,8 +33,9 @@ def hand_params(args):
 def main(argv):
     name, log_path, report_path, flags = argv[0], argv[1], argv[2], argv[3:]
     pp = int(flags[flags.index("--pipeline-model-parallel-size") + 1])
-    args = parse_args(flags + ["--lr", "1e-4", "--train-iters", "8", "--checkpoint-activations", "--max-position-embeddings",
-                               flags[flags.index("--seq-length") + 1]], world_size=pp)
+    seq_length = flags[flags.index("--seq-length") + 1]
+    args = parse_args(flags + ["--lr", "1e-4", "--train-iters", "8", "--checkpoint-activations",
+                               "--max-position-embeddings", seq_length], world_size=pp)
     args.padded_vocab_size = padded_vocab_size(args.synthetic_vocab_size, args)
     expected = gpt_flops_per_iteration(args, transformer_layers_per_stage(args))
     with open(report_path) as f:
@@ -52,7 +53,8 @@ def main(argv):
     print(f"gpu check: {name}: fwd {totals['fwd_flops']:,} recompute {totals['recompute_flops']:,} "
           f"params {totals['params']:,} (hand count: {'equal' if not failures else 'DIFFERENT'}); "
           f"bwd {totals['bwd_flops']:,} = {totals['bwd_flops'] / expected['bwd_flops']:.4f} x (2 x fwd); "
-          f"profiled iteration {times[PROFILED_STEP]:.1f} ms / median unprofiled {statistics.median(unprofiled):.1f} ms "
+          f"profiled iteration {times[PROFILED_STEP]:.1f} ms / median unprofiled "
+          f"{statistics.median(unprofiled):.1f} ms "
           f"= {overhead:.3f}; {totals['tflops_per_gpu']:.1f} TFLOPS per GPU in the profiled iteration")
     for failure in failures:
         print(f"gpu check: {name}: FAILED: {failure}")
