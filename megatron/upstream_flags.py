@@ -52,7 +52,9 @@ NO_OPS = (
              "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
     NoOpFlag(("--use-flash-attn-builder",),
              "attention already runs torch's scaled_dot_product_attention (a flash kernel)"),
-    NoOpFlag(("--accumulate-allreduce-grads-in-fp32",), "DeepSpeed's optimizers decide (bf16 accumulates in fp32)"),
+    NoOpFlag(("--accumulate-allreduce-grads-in-fp32",),
+             "DeepSpeed decides: with bf16 and no ZeRO, its pipeline accumulates and all-reduces gradients in bf16 "
+             "(it warns so); fp32 accumulation is its data_types.grad_accum_dtype fp32, which needs ZeRO stage 1"),
     NoOpFlag(("--no-contiguous-buffers-in-local-ddp",), _MEGATRON_DDP),
     NoOpFlag(("--no-scatter-gather-tensors-in-pipeline",), _MEGATRON_DDP),
     NoOpFlag(("--use-ring-exchange-p2p",), _MEGATRON_DDP),

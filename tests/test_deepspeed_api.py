@@ -58,3 +58,20 @@ def test_a_missing_deepspeed_attribute_is_named():
         "Engine._renamed_in_a_release"]
     assert patches.untested_version_warning("0.13.0").startswith(
         "warning: patches: DeepSpeed 0.13.0 is not among the tested versions (0.19.8, 0.19.6")
+
+
+def test_the_profiler_names_the_private_deepspeed_internals_an_engine_lacks():
+    """A release that renames what the hooks use is refused by name, never profiled into an empty report."""
+    from types import SimpleNamespace
+
+    from patches.profiler.engine_hooks import missing_internals
+    from patches.profiler.gather import EngineLayout
+
+    pipeline = EngineLayout(0, 0, 0, 2, 1, 1, is_pipeline=True)
+    renamed = SimpleNamespace(module=SimpleNamespace())
+    assert missing_internals(renamed, pipeline) == [
+        "PipelineEngine._INSTRUCTION_MAP", "PipelineEngine.train_batch", "PipelineModule.forward_funcs",
+        "PipelineModule.tied_modules"]
+    plain = EngineLayout(0, 0, 0, 1, 1, 1, is_pipeline=False)
+    assert missing_internals(renamed, plain) == ["DeepSpeedEngine.forward", "DeepSpeedEngine.backward",
+                                                 "DeepSpeedEngine.step"]

@@ -65,6 +65,27 @@ class InstructionTimer:
         return {name: {"count": self.counts[name], "total_s": self.totals[name]} for name in sorted(self.counts)}
 
 
+class DeepSpeedInternalsMissing(RuntimeError):
+    """A private DeepSpeed name the profiler relies on is gone (renamed in a release): refuse, never report zeros."""
+
+
+def missing_internals(engine: DeepSpeedEngine, layout: EngineLayout) -> List[str]:
+    """The private DeepSpeed names this engine lacks of those the hooks use."""
+    if not layout.is_pipeline:
+        return [f"DeepSpeedEngine.{name}" for name in PLAIN_ENGINE_INSTRUCTIONS if not hasattr(type(engine), name)]
+    wanted = [(type(engine), "PipelineEngine._INSTRUCTION_MAP", "_INSTRUCTION_MAP"),
+              (type(engine), "PipelineEngine.train_batch", "train_batch"),
+              (engine.module, "PipelineModule.forward_funcs", "forward_funcs"),
+              (engine.module, "PipelineModule.tied_modules", "tied_modules")]
+    return [label for owner, label, name in wanted if not hasattr(owner, name)]
+
+
+def _deepspeed_version() -> str:
+    import deepspeed
+
+    return deepspeed.__version__
+
+
 class EngineHooks:
     """The instruction timer, the train_batch clock and the tied forward proxies of one engine."""
 
@@ -81,6 +102,11 @@ class EngineHooks:
 
     def install(self) -> None:
         engine = self.engine
+        missing = missing_internals(engine, self.layout)
+        if missing:
+            raise DeepSpeedInternalsMissing(
+                f"the profiler cannot attach to this DeepSpeed {_deepspeed_version()}: it has no {', '.join(missing)} "
+                "(schedule timings and tied-layer credit would be silently empty)")
         if self.layout.is_pipeline:
             self._credit_tied_forward_fns()
             self._shadow("_INSTRUCTION_MAP", {
@@ -102,7 +128,7 @@ class EngineHooks:
         self.instructions.reset()
         self._train_batch_s = 0.0
         if self._window is not None and self._window[1] is None:
-            self._window = [time.perf_counter(), None]
+            self._window = [synchronized_clock(self.synchronize), None]
 
     def open_window(self) -> None:
         self._window = [synchronized_clock(self.synchronize), None]
@@ -125,8 +151,8 @@ class EngineHooks:
 
     def _credit_tied_forward_fns(self) -> None:
         module = self.engine.module
-        tied = set(id(m) for m in getattr(module, "tied_modules", {}).values())
-        funcs = getattr(module, "forward_funcs", [])
+        tied = set(id(m) for m in module.tied_modules.values())
+        funcs = module.forward_funcs
         for index, func in enumerate(funcs):
             if isinstance(func, functools.partial) and func.args and id(func.args[0]) in tied and len(func.args) == 1:
                 funcs[index] = self.module_profiler.scoped_call(func.args[0], func.func)

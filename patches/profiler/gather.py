@@ -51,6 +51,9 @@ class EngineLayout:
     def of(cls, engine: DeepSpeedEngine) -> "EngineLayout":
         if isinstance(engine, PipelineEngine):
             grid = engine.grid
+            if not hasattr(grid, "_topo"):  # private: the rank layout every report group is built from
+                raise RuntimeError("the profiler cannot read this DeepSpeed's pipeline layout: "
+                                   "PipelineParallelGrid has no _topo (ProcessTopology)")
             return cls(grid.get_stage_id(), grid.get_slice_parallel_rank(), grid.get_data_parallel_rank(),
                        grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(),
                        grid.get_data_parallel_world_size(), grid._topo, is_pipeline=True)
