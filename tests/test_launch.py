@@ -87,6 +87,7 @@ UPSTREAM_SHAPED = {
 }
 
 
+@pytest.mark.launch  # starts a Python process
 def test_upstream_shaped_megatron_gets_the_profiler_flags_and_keeps_its_own_script_order(tmp_path):
     _write(tmp_path, UPSTREAM_SHAPED)
     process = _run_launch(tmp_path, "--local_rank=0", "pretrain_gpt.py", "--train-iters", "3",
@@ -105,6 +106,7 @@ def test_upstream_shaped_megatron_gets_the_profiler_flags_and_keeps_its_own_scri
     (["--profile-flops-step", "5"], "error: --profile-flops-step 5 is beyond --train-iters 3"),
     (["--profile-flops-step", "0"], "error: --profile-flops-step 0 must be >= 1"),
 ])
+@pytest.mark.launch  # starts a Python process
 def test_a_profile_step_that_cannot_run_is_one_line_and_exit_2(tmp_path, flags, message):
     _write(tmp_path, UPSTREAM_SHAPED)
     process = _run_launch(tmp_path, "pretrain_gpt.py", "--train-iters", "3", "--deepspeed", *flags)
@@ -112,6 +114,7 @@ def test_a_profile_step_that_cannot_run_is_one_line_and_exit_2(tmp_path, flags, 
     assert process.stderr.strip().splitlines() == [message]
 
 
+@pytest.mark.launch  # starts a Python process
 def test_a_megatron_without_train_step_is_named_and_profiling_refused(tmp_path):
     files = dict(UPSTREAM_SHAPED)
     files["megatron/training.py"] = "def other_step(model):\n    return None\n"
@@ -128,6 +131,7 @@ def test_a_megatron_without_train_step_is_named_and_profiling_refused(tmp_path):
     assert unprofiled.stderr.strip().splitlines()[0].startswith("warning: patches.launch: this Megatron has no ")
 
 
+@pytest.mark.launch  # starts a Python process
 def test_a_script_that_is_not_there_and_a_missing_script_are_one_line(tmp_path):
     missing = _run_launch(tmp_path, "--local_rank=0", "nope.py")
     assert missing.returncode == 2
@@ -136,6 +140,7 @@ def test_a_script_that_is_not_there_and_a_missing_script_are_one_line(tmp_path):
     assert (usage.returncode, usage.stderr.strip()) == (2, f"error: {USAGE}")
 
 
+@pytest.mark.launch  # starts a Python process
 def test_the_script_runs_as_main_with_its_own_directory_first_on_the_path(tmp_path):
     _write(tmp_path, {"elsewhere/script.py": """
         import sys, os
@@ -146,6 +151,7 @@ def test_the_script_runs_as_main_with_its_own_directory_first_on_the_path(tmp_pa
     assert process.stdout.strip().splitlines()[-1] == "__main__ ['elsewhere/script.py', 'a', '--b'] elsewhere"
 
 
+@pytest.mark.launch  # starts a Python process
 def test_a_megatron_that_profiles_itself_is_left_alone(tmp_path):
     files = dict(UPSTREAM_SHAPED)
     files["megatron/__init__.py"] = "PROFILES_WITH_PATCHES = True\n"
@@ -160,6 +166,7 @@ def test_a_megatron_that_profiles_itself_is_left_alone(tmp_path):
     assert process.stdout.strip().splitlines()[-1] == "False False"
 
 
+@pytest.mark.launch  # starts a Python process
 def test_the_one_line_edit_works_after_the_scripts_own_imports(tmp_path):
     """`import patches; patches.apply_to_this_run()` placed after `from megatron... import` still reaches the
     names the script's modules bound (megatron.initialize's parse_args)."""
