@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from megatron.model.fused_layer_norm import RMSNorm as MegatronRMSNorm
+from megatron.model.rotary import RotaryEmbedding
 from patches.profiler.files import validate_report
 from patches.profiler.module_profiler import ModuleProfiler, UncountedOp
 from patches.profiler.printer import format_report
@@ -367,3 +369,31 @@ def test_linear_algebra_backward_is_listed_in_its_phase():
 ])
 def test_linear_algebra_that_decomposes_into_gemms_is_counted(name, fn, flops):
     assert _profile(Call(lambda self, a, b: fn(a, b)), _square(), _rhs()) == (flops, [])
+
+
+# ---------------------------------------------------------------- other_flops: RMSNorm and rotary embeddings
+def _other_flops(module, x):
+    profiler = ModuleProfiler(module)
+    profiler.start()
+    module(x).sum().backward()
+    profiler.stop()
+    profiler.remove()
+    tree = profiler.tree()
+    return tree["fwd_flops"], tree["bwd_flops"], tree["fwd_other_flops"], tree["bwd_other_flops"]
+
+
+@pytest.mark.parametrize("make, per_element", [
+    (lambda: MegatronRMSNorm(16), 4),  # square, mean, normalise, weight
+    (lambda: torch.nn.RMSNorm(16), 4),
+    (lambda: torch.nn.RMSNorm(16, elementwise_affine=False), 3),
+])
+def test_rms_norm_counts_other_flops(make, per_element):
+    x = torch.randn(2, 8, 16, requires_grad=True)  # 256 elements
+    assert _other_flops(make(), x) == (0, 0, per_element * 256, 2 * per_element * 256)
+
+
+@pytest.mark.parametrize("rotary_dim, rotated", [(8, 2 * 2 * 8 * 8), (4, 2 * 2 * 8 * 4)])
+def test_rotary_embedding_counts_other_flops(rotary_dim, rotated):
+    """[batch 2, heads 2, seq 8, head_dim 8]: 3 FLOPs per rotated element, forward and backward alike."""
+    x = torch.randn(2, 2, 8, 8, requires_grad=True)
+    assert _other_flops(RotaryEmbedding(rotary_dim), x) == (0, 0, 3 * rotated, 3 * rotated)

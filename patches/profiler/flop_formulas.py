@@ -299,9 +299,34 @@ def scale_mask_softmax_flops(module: torch.nn.Module, inputs: tuple, output: Any
     return 0 if x is None else 7 * x.numel()
 
 
+def rms_norm_flops(module: torch.nn.Module, inputs: tuple, output: Any) -> int:
+    """Per element: square (1), mean (1), normalise (1); the weight adds 1. Per-row work (+eps, rsqrt) is
+    left out, as layer_norm_flops leaves it out."""
+    x = _first_tensor(inputs)
+    if x is None:
+        return 0
+    return (4 if getattr(module, "weight", None) is not None else 3) * x.numel()
+
+
+def rotary_embedding_flops(module: torch.nn.Module, inputs: tuple, output: Any) -> int:
+    """x * cos + rotate_half(x) * sin on the first `module.dim` channels of each head: 3 per rotated element
+    (the sign flip and the angle table are not counted). Backward, grad * cos + rotate_half^T(grad * sin), is
+    the same 3 per element."""
+    x = _first_tensor(inputs)
+    rotated = getattr(module, "dim", None)
+    if x is None or not isinstance(rotated, int) or x.dim() == 0 or x.shape[-1] == 0:
+        return 0  # e.g. upstream Megatron's RotaryEmbedding(max_seq_len), which only builds the angle table
+    return 3 * (x.numel() // x.shape[-1]) * min(rotated, x.shape[-1])
+
+
 # apex is never installed here: match its classes (and Megatron's fused softmax) by name. torch's
 # LayerNorm gets the same entry so a model reports the same numbers with and without apex.
 for _name in ("FusedLayerNorm", "MixedFusedLayerNorm"):
     register_module_flops(_name, layer_norm_flops, OTHER)
 register_module_flops(torch.nn.LayerNorm, layer_norm_flops, OTHER)
 register_module_flops("FusedScaleMaskSoftmax", scale_mask_softmax_flops, OTHER)
+# RMSNorm by name: torch.nn.RMSNorm and megatron/model's RMSNorm (this fork's and upstream's), apex's fused one.
+for _name in ("RMSNorm", "FusedRMSNorm", "MixedFusedRMSNorm"):
+    register_module_flops(_name, rms_norm_flops, OTHER)
+# megatron/model/rotary.py's RotaryEmbedding, which applies the rotation to a [.., seq, head_dim] tensor.
+register_module_flops("RotaryEmbedding", rotary_embedding_flops, OTHER, bwd_factor=1.0)
