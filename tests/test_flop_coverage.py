@@ -338,6 +338,7 @@ LINALG_FAMILY = {
     "sspaddmm": (lambda: torch.sspaddmm(_SPARSE, _SPARSE, torch.ones(3, 3)), "aten.sspaddmm.out"),
     "smm": (lambda: torch.smm(_SPARSE, torch.ones(3, 3)), "aten.sspaddmm.out"),
     "hspmm": (lambda: torch.hspmm(_SPARSE, torch.ones(3, 3)), "aten.hspmm.default"),
+    "sparse.mm": (lambda: torch.sparse.mm(_SPARSE, torch.ones(3, 3)), "aten._sparse_addmm.default"),
 }
 
 
