@@ -398,3 +398,9 @@ def test_rotary_embedding_counts_other_flops(rotary_dim, rotated):
     """[batch 2, heads 2, seq 8, head_dim 8]: 3 FLOPs per rotated element, forward and backward alike."""
     x = torch.randn(2, 2, 8, 8, requires_grad=True)
     assert _other_flops(RotaryEmbedding(rotary_dim), x) == (0, 0, 3 * rotated, 3 * rotated)
+
+
+def test_vdot_backward_follows_the_gemm_rule():
+    """vdot of length 9 (real): forward 18, backward its two scalar-vector gradients, 18 each."""
+    a, b = _mv_dot_inputs()[2:]
+    assert _profile_fwd_bwd(Call(lambda self, x, y: torch.vdot(x, y)), a, b) == (18, 36, [])
