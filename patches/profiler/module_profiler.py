@@ -13,6 +13,9 @@ How it measures
   convolutions, attention; see flop_formulas.py for the CPU attention kernels added to it) are
   counted, others cost one dict lookup. Each counted op goes to the innermost module call on the
   stack below, in the phase the op runs in (phases.py). Ops outside any call go to the root.
+  aten.mul.Tensor counts only inside the backward of mv / addmv / dot / vdot, where it forms a GEMM
+  gradient (flop_formulas.gemm_backward_product_flops). A matrix-class op without a formula, or one
+  given a nested tensor, is listed by `uncounted_ops()` instead.
 - Forward and recompute calls: forward pre/post hooks push and pop the stack. A call that starts
   inside an autograd graph task is a recompute (activation checkpointing), so a checkpointed layer's
   two runs per micro-batch land in different phases.
