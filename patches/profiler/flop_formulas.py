@@ -128,6 +128,24 @@ def _register_gemm_class_formulas():
 _register_gemm_class_formulas()
 
 
+# The backward of mv / addmv / dot / vdot (tools/autograd/derivatives.yaml) forms a product that is not a
+# GEMM op: mv's matrix gradient is `grad.ger(vec)`, which runs as aten.mul.Tensor of a (n, 1) view and the
+# m-vector; dot's two gradients are aten.mul.Tensor of the 0-d grad and the other vector. Each is a GEMM
+# with a contraction of 1 (the same numbers as torch's mm formula on (n, 1) @ (1, m)): 2 FLOPs per output
+# element. The vector gradient of mv is an aten.mv, counted by its own formula. Scalings by alpha
+# (aten.mul.Scalar) are not matrix work, as in the forward formulas.
+GEMM_BACKWARD_NODES = frozenset(("MvBackward0", "AddmvBackward0", "DotBackward0", "VdotBackward0"))
+
+
+def gemm_backward_product_flops(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    """For aten.mul.Tensor: 2 * output elements when it runs inside one of GEMM_BACKWARD_NODES (an outer or
+    scalar-vector product standing for a GEMM gradient), else 0 (plain element-wise work)."""
+    node = torch._C._current_autograd_node()
+    if node is None or node.name() not in GEMM_BACKWARD_NODES or not isinstance(out_val, torch.Tensor):
+        return 0
+    return 2 * out_val.numel()
+
+
 # ---------------------------------------------------------------- inference fast paths
 # Under no_grad / inference_mode, nn.MultiheadAttention and nn.TransformerEncoderLayer call fused kernels
 # instead of the linear / attention ops they run with autograd on. The formulas count the same GEMMs, so
@@ -143,38 +161,66 @@ def multi_head_attention_flops(query_shape: Shape, key_shape: Shape, embed_dim: 
     return projections + attention + output
 
 
+def _any_nested(values) -> bool:
+    return any(isinstance(value, torch.Tensor) and value.is_nested for value in values)
+
+
 def _register_fast_path_formulas():
+    # Registered raw (get_raw=True): torch's shape wrapper reads `.shape` of every tensor argument, which a
+    # nested tensor (TransformerEncoder's padding-mask fast path) does not have. A nested call counts 0
+    # here, what torch's own FlopCounterMode counted for these ops before this module registered them; the
+    # ModuleProfiler lists it as uncounted instead (module_profiler.py).
     if aten._native_multi_head_attention not in flop_counter.flop_registry:
-        @flop_counter.register_flop_formula(aten._native_multi_head_attention)
-        def _native_mha(query_shape, key_shape, value_shape, embed_dim, *args, out_shape=None, **kwargs):
-            return multi_head_attention_flops(query_shape, key_shape, embed_dim)
+        @flop_counter.register_flop_formula(aten._native_multi_head_attention, get_raw=True)
+        def _native_mha(query, key, value, embed_dim, *args, out_val=None, **kwargs):
+            if _any_nested((query, key, value)):
+                return 0
+            return multi_head_attention_flops(query.shape, key.shape, embed_dim)
 
     if aten._transformer_encoder_layer_fwd not in flop_counter.flop_registry:
-        @flop_counter.register_flop_formula(aten._transformer_encoder_layer_fwd)
-        def _encoder_layer(src_shape, embed_dim, num_heads, qkv_weight_shape, qkv_bias_shape, proj_weight_shape,
-                           proj_bias_shape, use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
-                           norm_bias_2, ffn_weight_1_shape, *args, out_shape=None, **kwargs):
-            batch, length = src_shape[0], src_shape[1]
-            ffn = 2 * 2 * batch * length * embed_dim * ffn_weight_1_shape[0]  # two Linear layers
-            return multi_head_attention_flops(src_shape, src_shape, embed_dim) + ffn
+        @flop_counter.register_flop_formula(aten._transformer_encoder_layer_fwd, get_raw=True)
+        def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                           norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
+                           *args, out_val=None, **kwargs):
+            if src.is_nested:
+                return 0
+            batch, length = src.shape[0], src.shape[1]
+            ffn = 2 * 2 * batch * length * embed_dim * ffn_weight_1.shape[0]  # two Linear layers
+            return multi_head_attention_flops(src.shape, src.shape, embed_dim) + ffn
 
 
 _register_fast_path_formulas()
 
 
-# Name tokens of aten ops that do matrix-class work (GEMM, convolution, attention, recurrent cells; not
-# norms such as linalg_vector_norm). An op with one of them and no formula is reported as uncounted,
-# never silently 0.
+# Name tokens of aten ops that do matrix-class work (GEMM, convolution, attention, recurrent cells, dense
+# linear algebra and distance matrices; not norms such as linalg_vector_norm). An op with one of them and
+# no formula is reported as uncounted, never silently 0.
 _MATRIX_TOKENS = frozenset((
     "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "addr", "linear",
-    "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "convolution"))
+    "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "convolution",
+    # linear algebra: the ops torch.linalg and its older torch.* spellings reach the dispatcher as
+    # (_linalg_solve_ex, linalg_lu_solve, linalg_solve_triangular, triangular_solve, cholesky_solve,
+    # linalg_cholesky_ex, cholesky, cholesky_inverse, linalg_qr, geqrf, ormqr, linalg_householder_product,
+    # _linalg_svd, _linalg_eigh, linalg_eig, linalg_lstsq, linalg_inv_ex, _linalg_det, _linalg_slogdet,
+    # linalg_lu, linalg_lu_factor_ex, linalg_ldl_factor_ex, linalg_ldl_solve, linalg_pinv)
+    "solve", "cholesky", "qr", "geqrf", "orgqr", "ormqr", "householder", "svd", "eigh", "eig", "lstsq", "inv",
+    "inverse", "det", "slogdet", "lu", "ldl", "pinv",
+    # distance matrices and sparse products (_cdist_forward, _euclidean_dist, _pdist_forward, sspaddmm, ...)
+    "cdist", "pdist", "euclidean", "sspaddmm", "hspmm", "smm", "spmm"))
+# Whole names: a matrix op whose tokens are too common alone, and ops with a matrix token but no
+# floating-point matrix work (lu_unpack builds the permutation and copies the triangles).
+_MATRIX_NAMES = frozenset(("linalg_matrix_exp", "matrix_exp"))
+_NOT_MATRIX_NAMES = frozenset(("lu_unpack",))
 
 
 def is_matrix_class(op_name: str) -> bool:
     """op_name: an aten packet's name, e.g. '_weight_int8pack_mm' or 'mkldnn_convolution'."""
-    if op_name.startswith("upsample"):  # upsample_bilinear2d and co. interpolate; no GEMM
+    name = op_name.strip("_")
+    if op_name.startswith("upsample") or name in _NOT_MATRIX_NAMES:  # upsample_*: interpolation, no GEMM
         return False
-    for token in op_name.strip("_").split("_"):
+    if name in _MATRIX_NAMES:
+        return True
+    for token in name.split("_"):
         if token in _MATRIX_TOKENS or (token.startswith("conv") and not token.startswith("convert")):
             return True
     return False
@@ -253,9 +299,34 @@ def scale_mask_softmax_flops(module: torch.nn.Module, inputs: tuple, output: Any
     return 0 if x is None else 7 * x.numel()
 
 
+def rms_norm_flops(module: torch.nn.Module, inputs: tuple, output: Any) -> int:
+    """Per element: square (1), mean (1), normalise (1); the weight adds 1. Per-row work (+eps, rsqrt) is
+    left out, as layer_norm_flops leaves it out."""
+    x = _first_tensor(inputs)
+    if x is None:
+        return 0
+    return (4 if getattr(module, "weight", None) is not None else 3) * x.numel()
+
+
+def rotary_embedding_flops(module: torch.nn.Module, inputs: tuple, output: Any) -> int:
+    """x * cos + rotate_half(x) * sin on the first `module.dim` channels of each head: 3 per rotated element
+    (the sign flip and the angle table are not counted). Backward, grad * cos + rotate_half^T(grad * sin), is
+    the same 3 per element."""
+    x = _first_tensor(inputs)
+    rotated = getattr(module, "dim", None)
+    if x is None or not isinstance(rotated, int) or x.dim() == 0 or x.shape[-1] == 0:
+        return 0  # e.g. upstream Megatron's RotaryEmbedding(max_seq_len), which only builds the angle table
+    return 3 * (x.numel() // x.shape[-1]) * min(rotated, x.shape[-1])
+
+
 # apex is never installed here: match its classes (and Megatron's fused softmax) by name. torch's
 # LayerNorm gets the same entry so a model reports the same numbers with and without apex.
 for _name in ("FusedLayerNorm", "MixedFusedLayerNorm"):
     register_module_flops(_name, layer_norm_flops, OTHER)
 register_module_flops(torch.nn.LayerNorm, layer_norm_flops, OTHER)
 register_module_flops("FusedScaleMaskSoftmax", scale_mask_softmax_flops, OTHER)
+# RMSNorm by name: torch.nn.RMSNorm and megatron/model's RMSNorm (this fork's and upstream's), apex's fused one.
+for _name in ("RMSNorm", "FusedRMSNorm", "MixedFusedRMSNorm"):
+    register_module_flops(_name, rms_norm_flops, OTHER)
+# megatron/model/rotary.py's RotaryEmbedding, which applies the rotation to a [.., seq, head_dim] tensor.
+register_module_flops("RotaryEmbedding", rotary_embedding_flops, OTHER, bwd_factor=1.0)

@@ -13,6 +13,9 @@ How it measures
   convolutions, attention; see flop_formulas.py for the CPU attention kernels added to it) are
   counted, others cost one dict lookup. Each counted op goes to the innermost module call on the
   stack below, in the phase the op runs in (phases.py). Ops outside any call go to the root.
+  aten.mul.Tensor counts only inside the backward of mv / addmv / dot / vdot, where it forms a GEMM
+  gradient (flop_formulas.gemm_backward_product_flops). A matrix-class op without a formula, or one
+  given a nested tensor, is listed by `uncounted_ops()` instead.
 - Forward and recompute calls: forward pre/post hooks push and pop the stack. A call that starts
   inside an autograd graph task is a recompute (activation checkpointing), so a checkpointed layer's
   two runs per micro-batch land in different phases.
@@ -47,7 +50,7 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from patches.profiler.flop_formulas import MATRIX, is_matrix_class, module_flops_for
+from patches.profiler.flop_formulas import MATRIX, gemm_backward_product_flops, is_matrix_class, module_flops_for
 from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, RECOMPUTE, current_phase, module_call_phase
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
@@ -126,6 +129,8 @@ class _FormulaCache(dict):
     def __missing__(self, func):
         packet = getattr(func, "_overloadpacket", None)
         formula = flop_counter.flop_registry.get(packet)
+        if func is torch.ops.aten.mul.Tensor:  # the outer products of mv's and dot's backward
+            formula = gemm_backward_product_flops
         if formula is None and _has_composite_kernel(func):
             formula = DECOMPOSE
         elif formula is None and packet is not None and is_matrix_class(packet.__name__):
@@ -152,18 +157,35 @@ class _FlopCountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         formula = self.formulas[func]
+        if formula is None:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        # A nested tensor (TransformerEncoder's padding-mask fast path) has no sizes for a formula to read,
+        # and composite decompositions do not run on it: its matrix-class ops are listed as uncounted.
+        nested = _has_nested(args)
         if formula is DECOMPOSE:
-            with self:  # the decomposition's ops come back here to be counted
-                out = func.decompose(*args, **(kwargs or {}))
-            if out is not NotImplemented:
-                return out
-            formula = None
+            if not nested:
+                with self:  # the decomposition's ops come back here to be counted
+                    out = func.decompose(*args, **(kwargs or {}))
+                if out is not NotImplemented:
+                    return out
+            formula = UNCOUNTED if nested and is_matrix_class(func._overloadpacket.__name__) else None
+        elif nested:
+            formula = None if formula is gemm_backward_product_flops else UNCOUNTED
         out = func(*args, **kwargs) if kwargs else func(*args)
         if formula is UNCOUNTED:
             self.uncounted(func)
         elif formula is not None:
-            self.credit(formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out))
+            flops = formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out)
+            if flops:
+                self.credit(flops)
         return out
+
+
+def _has_nested(args):
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and arg.is_nested:
+            return True
+    return False
 
 
 class _ScopedCall:
