@@ -14,13 +14,13 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data_iterators import pipeline_batches
 from megatron.global_vars import get_args
 from megatron.initialize import initialize_megatron
-from megatron.model.gpt_model import transformer_layers_per_stage
+from megatron.model.gpt_model import pipeline_stage_layers
 from megatron.optimizer import build_optimizer, global_params_norm, mark_tied_duplicates, optimizer_state_stats
 from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
-from patches.profiler.analytic_flops import gpt_flops_per_iteration
+from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,
@@ -129,6 +129,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     engine = model[0]
     iteration = args.iteration
     writer = _tensorboard_writer(args)
+    _announce_recompute(args)
     _announce_profiling(args, engine)
     interval, interval_start = IntervalStats(), time.time()
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
@@ -189,6 +190,13 @@ def _exit_reason(args, iteration):
     return None
 
 
+def _announce_recompute(args):
+    """One line where DeepSpeed's pipeline recomputes fewer transformer layers than the flags ask."""
+    note = recompute_shortfall(args, pipeline_stage_layers(args))
+    if note is not None:
+        print_rank_0(f"> {note}")
+
+
 def _announce_profiling(args, engine):
     section = args.deepspeed_config_dict.get("flops_profiler", {})
     if args.profile_flops_step is None:
@@ -209,8 +217,11 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
     request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
-                                 analytic=gpt_flops_per_iteration(args, transformer_layers_per_stage(args)),
-                                 peak_tflops=args.peak_tflops)
+                                 analytic=gpt_flops_per_iteration(args, stage_layers=pipeline_stage_layers(args)),
+                                 peak_tflops=args.peak_tflops,
+                                 # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
+                                 activation_checkpointing=bool(args.checkpoint_activations),
+                                 recompute_note=recompute_shortfall(args, pipeline_stage_layers(args)))
     return profile_train_step(
         model[0], request, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
         tensorboard_writer=writer)

@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))  # this checkout's megatron
 
 from megatron.arguments import parse_args  # noqa: E402
-from megatron.model.gpt_model import transformer_layers_per_stage  # noqa: E402
+from megatron.model.gpt_model import pipeline_stage_layers  # noqa: E402
 from megatron.tokenizer.tokenizer import padded_vocab_size  # noqa: E402
 from patches.profiler.analytic_flops import gpt_flops_per_iteration  # noqa: E402
 
@@ -37,7 +37,7 @@ def main(argv):
     args = parse_args(flags + ["--lr", "1e-4", "--train-iters", "8", "--checkpoint-activations",
                                "--max-position-embeddings", seq_length], world_size=pp)
     args.padded_vocab_size = padded_vocab_size(args.synthetic_vocab_size, args)
-    expected = gpt_flops_per_iteration(args, transformer_layers_per_stage(args))
+    expected = gpt_flops_per_iteration(args, stage_layers=pipeline_stage_layers(args))
     with open(report_path) as f:
         totals = json.load(f)["totals"]
     failures = []

@@ -69,6 +69,15 @@ def transformer_layers_per_stage(args):
     return [sum(1 for spec in transformer_specs if boundaries[i] <= spec < boundaries[i + 1]) for i in range(stages)]
 
 
+def pipeline_stage_layers(args):
+    """Each pipeline stage's layers in order, as patches.profiler.analytic_flops reads them (a transformer layer
+    as its number 1..L, the others by name); one stage under --no-pipeline-parallel."""
+    stages = 1 if args.no_pipeline_parallel else args.pipeline_model_parallel_size
+    boundaries, _ = stage_boundaries(args, stages)
+    names = ["embedding"] + list(range(1, args.num_layers + 1)) + ["final norm", "LM head"]
+    return [names[boundaries[i]:boundaries[i + 1]] for i in range(stages)]
+
+
 UPSTREAM_LAYER_FILE_OFFSET = 1
 
 
@@ -79,7 +88,9 @@ class GPTModelPipe(PipelineModule):
     def __init__(self, args):
         block = recompute_block_layers(args)
         # block: each of the first N layers of a stage is recomputed alone (chunks of one layer, and
-        # _is_checkpointable declines the others); uniform: every chunk of N layers.
+        # _is_checkpointable declines the others); uniform: every chunk of N layers, counted from the
+        # stage's first layer, that holds transformer layers only (DeepSpeed's rule: a chunk with the
+        # embedding, the final norm or the LM head is run without checkpointing).
         interval = 1 if block else args.checkpoint_num_layers if args.checkpoint_activations else 0
         super().__init__(layers=pipeline_layer_specs(args), loss_fn=gpt_loss, topology=mpu.get_topology(),
                          partition_method=args.pp_partition_method,

@@ -12,11 +12,17 @@ product are elementwise and not counted.
 
 Backward is twice the forward. Recompute: full activation checkpointing re-runs the transformer
 layers' forward (the embedding and LM head are not recomputed; under --recompute-method block only
-the first N layers of each stage); selective recompute re-runs the attention core only, L B 4 s^2 n d.
+the first N layers of each stage; in a DeepSpeed pipeline only the layers of the chunks DeepSpeed
+checkpoints, see pipeline_recomputed_layers); selective recompute re-runs the attention core only,
+L B 4 s^2 n d.
 """
 from argparse import Namespace
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
+
+# One pipeline stage's layers in order: a transformer layer as its number (1..L), any other layer
+# (embedding, final norm, LM head) as its name.
+StageLayers = Sequence[Union[int, str]]
 
 
 @dataclass(frozen=True)
@@ -49,27 +55,83 @@ def layer_forward_flops(batch: int, seq: int, shape: LayerShape) -> int:
     return batch * seq * (qkv + dense + mlp) + attention_core_forward_flops(batch, seq, shape)
 
 
-def recomputed_layers(args: Namespace, transformer_layers_per_stage: Optional[Sequence[int]] = None) -> int:
+def pipeline_recomputed_layers(stage_layers: Sequence[StageLayers], interval: int) -> List[int]:
+    """The transformer layers a DeepSpeed PipelineModule recomputes with activation_checkpoint_interval
+    `interval`, sorted: each stage's layers are cut into chunks of `interval`, counted from the stage's
+    first layer, and a chunk is checkpointed only when every layer in it is a transformer layer
+    (PipelineModule._is_checkpointable for GPT models under the reentrant checkpoint)."""
+    recomputed = []
+    for layers in stage_layers:
+        for start in range(0, len(layers), interval):
+            chunk = layers[start:start + interval]
+            if all(isinstance(layer, int) for layer in chunk):
+                recomputed += chunk
+    return sorted(recomputed)
+
+
+def _is_chunked_pipeline(args: Namespace, stage_layers: Optional[Sequence[StageLayers]]) -> bool:
+    return (stage_layers is not None and bool(args.checkpoint_activations) and args.recompute_method != "block"
+            and not getattr(args, "no_pipeline_parallel", False))
+
+
+def recomputed_layers(args: Namespace, transformer_layers_per_stage: Optional[Sequence[int]] = None,
+                      stage_layers: Optional[Sequence[StageLayers]] = None) -> int:
     """How many transformer layers full recompute re-runs: all of them (uniform), or under
     --recompute-method block the first --recompute-num-layers of each pipeline stage, which needs the
-    model's cut into stages (transformer_layers_per_stage: how many layers each stage holds)."""
+    model's cut into stages (transformer_layers_per_stage: how many layers each stage holds).
+
+    stage_layers (each pipeline stage's layers, see StageLayers): the pipeline's layers in order, so that
+    uniform recompute in a DeepSpeed pipeline counts only the chunks DeepSpeed checkpoints
+    (pipeline_recomputed_layers); ignored under --no-pipeline-parallel, where every chunk of N is recomputed."""
+    if stage_layers is not None and transformer_layers_per_stage is None:
+        transformer_layers_per_stage = [sum(isinstance(layer, int) for layer in layers) for layers in stage_layers]
     if args.recompute_method != "block":
+        if _is_chunked_pipeline(args, stage_layers):
+            return len(pipeline_recomputed_layers(stage_layers, args.checkpoint_num_layers))
         return args.num_layers
     if transformer_layers_per_stage is None:
         raise ValueError("--recompute-method block: the analytic recompute needs the transformer layers per stage")
     return sum(min(args.checkpoint_num_layers, count) for count in transformer_layers_per_stage)
 
 
-def gpt_flops_per_iteration(args: Namespace,
-                            transformer_layers_per_stage: Optional[Sequence[int]] = None) -> Dict[str, int]:
-    """{'fwd_flops', 'bwd_flops', 'recompute_flops'} as exact ints (see recomputed_layers for the second argument)."""
+def _numbers(layers: Sequence[int]) -> str:
+    return ", ".join(str(layer) for layer in layers) if layers else "none"
+
+
+def recompute_shortfall(args: Namespace, stage_layers: Optional[Sequence[StageLayers]]) -> Optional[str]:
+    """One line saying which transformer layers DeepSpeed's pipeline recomputes, and why, where that is fewer
+    than --checkpoint-activations asks (all of them); None where it recomputes what the flags ask."""
+    if not _is_chunked_pipeline(args, stage_layers):
+        return None
+    interval = args.checkpoint_num_layers
+    recomputed = pipeline_recomputed_layers(stage_layers, interval)
+    if len(recomputed) == args.num_layers:
+        return None
+    kept = [layer for layer in range(1, args.num_layers + 1) if layer not in recomputed]
+    mixed = []
+    for stage, layers in enumerate(stage_layers):
+        for start in range(0, len(layers), interval):
+            chunk = layers[start:start + interval]
+            if any(isinstance(layer, int) for layer in chunk) and not all(isinstance(layer, int) for layer in chunk):
+                names = ", ".join(f"layer {layer}" if isinstance(layer, int) else layer for layer in chunk)
+                mixed.append(f"stage {stage}'s [{names}]")
+    return (f"activation checkpointing recomputes {len(recomputed)} of {args.num_layers} transformer layers "
+            f"({_numbers(recomputed)}; not {_numbers(kept)}): DeepSpeed's PipelineModule checkpoints a chunk of "
+            f"--checkpoint-num-layers {interval} layers, counted from each stage's first layer, only when all its "
+            f"layers are transformer layers, unlike {' and '.join(mixed)}")
+
+
+def gpt_flops_per_iteration(args: Namespace, transformer_layers_per_stage: Optional[Sequence[int]] = None,
+                            stage_layers: Optional[Sequence[StageLayers]] = None) -> Dict[str, int]:
+    """{'fwd_flops', 'bwd_flops', 'recompute_flops'} as exact ints (see recomputed_layers for the last two
+    arguments)."""
     batch = args.micro_batch_size * args.num_micro_batches
     shape = LayerShape.from_args(args)
     layers = args.num_layers * layer_forward_flops(batch, args.seq_length, shape)
     head = 2 * batch * args.seq_length * args.hidden_size * args.padded_vocab_size
     forward = layers + head
     if args.checkpoint_activations:
-        recompute = recomputed_layers(args, transformer_layers_per_stage) * layer_forward_flops(
+        recompute = recomputed_layers(args, transformer_layers_per_stage, stage_layers) * layer_forward_flops(
             batch, args.seq_length, shape)
     elif args.recompute_granularity == "selective":
         recompute = args.num_layers * attention_core_forward_flops(batch, args.seq_length, shape)

@@ -130,12 +130,14 @@ class RunMeta:
     dtype: str
     # fp16 loss scaling skips the update of a step whose gradients overflowed: timed, but no update
     optimizer_step_skipped: bool = False
+    # where the pipeline recomputes fewer layers than the flags ask: which, and why (the caller's one line)
+    recompute_note: Optional[str] = None
 
     @classmethod
     def of(cls, engine: DeepSpeedEngine, layout: EngineLayout, step: int, seq_length: Optional[int] = None,
            analytic: Optional[dict] = None, peak_tflops: Optional[float] = None,
            activation_checkpointing: Optional[bool] = None, device: str = "cpu",
-           skipped_steps_before: int = 0) -> "RunMeta":
+           skipped_steps_before: int = 0, recompute_note: Optional[str] = None) -> "RunMeta":
         if layout.is_pipeline:
             micro_batches = engine.micro_batches
             checkpointing = engine.module.activation_checkpoint_interval > 0
@@ -149,7 +151,7 @@ class RunMeta:
         peak = peak_tflops if peak_tflops is not None else peak_tflops_for(device_name, dtype)
         return cls(int(step), layout.world_size, layout.pp, layout.tp, layout.dp, micro_batches,
                    engine.train_micro_batch_size_per_gpu(), seq_length, checkpointing, analytic, peak,
-                   device_name, dtype, getattr(engine, "skipped_steps", 0) > skipped_steps_before)
+                   device_name, dtype, getattr(engine, "skipped_steps", 0) > skipped_steps_before, recompute_note)
 
     def as_dict(self) -> dict:
         return asdict(self)

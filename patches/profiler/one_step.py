@@ -23,6 +23,8 @@ class StepProfileRequest:
     seq_length: Optional[int] = None
     analytic: Optional[dict] = None  # the Megatron-LM formula's {'fwd_flops', 'bwd_flops', 'recompute_flops'}
     peak_tflops: Optional[float] = None
+    activation_checkpointing: Optional[bool] = None  # None: the profiler reads it off a PipelineModule
+    recompute_note: Optional[str] = None  # the report's line on layers recomputed short of the flags
 
     @property
     def json_path(self) -> str:
@@ -39,7 +41,9 @@ def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run
     and, beside it, the Chrome trace; a TensorBoard writer (where the rank has one) gets the headline scalars.
     Collective: every rank of the run calls it for the same iteration."""
     profiler = PipelineFlopsProfiler(engine, seq_length=request.seq_length, analytic=request.analytic,
-                                     peak_tflops=request.peak_tflops)
+                                     peak_tflops=request.peak_tflops,
+                                     activation_checkpointing=request.activation_checkpointing,
+                                     recompute_note=request.recompute_note)
     profiler.start_profile()
     try:
         result = run_step()

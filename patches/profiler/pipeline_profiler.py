@@ -47,14 +47,19 @@ from patches.profiler.trace import build_trace
 
 class PipelineFlopsProfiler:
     def __init__(self, engine: DeepSpeedEngine, seq_length: Optional[int] = None, analytic: Optional[dict] = None,
-                 peak_tflops: Optional[float] = None, activation_checkpointing: Optional[bool] = None):
-        """analytic: the Megatron-LM formula's {'fwd_flops','bwd_flops','recompute_flops'}, or None."""
+                 peak_tflops: Optional[float] = None, activation_checkpointing: Optional[bool] = None,
+                 recompute_note: Optional[str] = None):
+        """analytic: the Megatron-LM formula's {'fwd_flops','bwd_flops','recompute_flops'}, or None.
+        activation_checkpointing: whether the model checkpoints (None: read from a PipelineModule's interval;
+        a plain engine's model may checkpoint on its own). recompute_note: the report's one line on layers
+        recomputed short of what was asked, or None."""
         self.engine = engine
         self._layout: Optional[EngineLayout] = None
         self.seq_length = seq_length
         self.analytic = analytic
         self.peak_tflops = peak_tflops
         self.activation_checkpointing = activation_checkpointing
+        self.recompute_note = recompute_note
         self.accelerator = get_accelerator()
         self.module_profiler: Optional[ModuleProfiler] = None
         self.hooks: Optional[EngineHooks] = None
@@ -142,7 +147,8 @@ class PipelineFlopsProfiler:
                 lambda: RunMeta.of(self.engine, self.layout,
                                    profile_step if profile_step is not None else self.engine.global_steps,
                                    self.seq_length, self.analytic, self.peak_tflops, self.activation_checkpointing,
-                                   self.accelerator.device_name(), self._skipped_steps_before),
+                                   self.accelerator.device_name(), self._skipped_steps_before,
+                                   self.recompute_note),
                 build_report)
             self._report = result.report
             self._entries = result.replica_entries

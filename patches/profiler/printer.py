@@ -101,6 +101,7 @@ def _summary(report):
         line("micro-batches * micro-batch size (per replica)", f"{par['micro_batches']} * {par['micro_batch_size']}"),
         line("seq length", par["seq_length"] if par.get("seq_length") else "n/a"),
         line("activation checkpointing", "yes" if report["activation_checkpointing"] else "no"),
+        *([line("recomputed layers", report["recompute_note"])] if report.get("recompute_note") else []),
         *([line("optimizer step", "skipped (fp16 loss-scale overflow): no update in the step latency")]
           if report.get("optimizer_step_skipped") else []),
         line("device, dtype, dense peak", f"{device['name']}, {device['dtype']}, "

@@ -2,7 +2,8 @@
 
 The contract is flops-profile.schema.json (files.py loads and checks it). Beyond the schema the
 report carries:
-- top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update),
+- top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update), `recompute_note`
+  (null, or one line: the pipeline recomputes fewer layers than asked, which and why),
   `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
   `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
@@ -351,6 +352,7 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         },
         "activation_checkpointing": bool(meta["activation_checkpointing"]),
         "optimizer_step_skipped": bool(meta.get("optimizer_step_skipped", False)),
+        "recompute_note": meta.get("recompute_note"),
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
         "uncounted_ops": _uncounted_ops(replica),
