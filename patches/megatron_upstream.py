@@ -179,28 +179,62 @@ def _iteration_being_run(args: Namespace) -> Optional[int]:
 
 
 def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable):
+    from patches.profiler.analytic_flops import recompute_shortfall
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
+    view, stage_layers = _analytic_view(args, engine)
+    analytic = upstream_analytic_flops(view, stage_layers)
     request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
-                                 analytic=upstream_analytic_flops(args, engine))
+                                 analytic=analytic,
+                                 recompute_note=recompute_shortfall(view, stage_layers) if analytic else None)
     get_writer = getattr(global_vars, "get_tensorboard_writer", None)
     writer = get_writer() if callable(get_writer) else None
     return profile_train_step(engine, request, run_step, tensorboard_writer=writer)
 
 
-def upstream_analytic_flops(args: Namespace, engine) -> Optional[dict]:
-    """The Megatron-LM formula on upstream's arguments (patches.profiler.analytic_flops), or None where this
-    Megatron's arguments lack what it needs. Upstream's GPTModelPipe checkpoints every --checkpoint-num-layers
-    (or, with --recompute-granularity full --recompute-method uniform, --recompute-num-layers) layers."""
-    from patches.profiler.analytic_flops import gpt_flops_per_iteration
+def pipeline_stage_layers_of(module) -> Optional[list]:
+    """Each stage's layers of a DeepSpeed PipelineModule (a transformer layer as its number 1..L, the others by
+    name), read from its layer specs and stage boundaries (private names; None where they are missing)."""
+    specs, parts = getattr(module, "_layer_specs", None), getattr(module, "parts", None)
+    if specs is None or parts is None:
+        return None
+    names, number = [], 0
+    for spec in specs:
+        name = getattr(getattr(spec, "typename", spec), "__name__", type(spec).__name__)
+        if "ParallelTransformerLayerPipe" in name:  # what PipelineModule checkpoints in a GPT model
+            number += 1
+            names.append(number)
+        else:
+            names.append(name)
+    return [names[parts[i]:parts[i + 1]] for i in range(len(parts) - 1)]
 
+
+def _analytic_view(args: Namespace, engine):
+    """(upstream's arguments as the analytic formula reads them, each stage's layers or None). Upstream's
+    GPTModelPipe checkpoints every activation_checkpoint_interval layers (--checkpoint-num-layers, or
+    --recompute-num-layers under --recompute-granularity full --recompute-method uniform), by DeepSpeed's
+    chunk rule; a plain engine (--no-pipeline-parallel) checkpoints inside its own transformer."""
     view = copy.copy(args)
     view.num_micro_batches = engine.gradient_accumulation_steps()
-    granularity, method = getattr(args, "recompute_granularity", None), getattr(args, "recompute_method", None)
-    full = (granularity, method) == ("full", "uniform")
-    view.checkpoint_activations = bool(getattr(args, "checkpoint_activations", False)) or full
-    view.recompute_method = "uniform"
+    stage_layers = pipeline_stage_layers_of(engine.module)
+    if stage_layers is not None:
+        interval = getattr(engine.module, "activation_checkpoint_interval", 0)
+        view.checkpoint_activations, view.checkpoint_num_layers = interval > 0, max(interval, 1)
+        view.recompute_method, view.no_pipeline_parallel = "uniform", False
+    else:
+        granularity, method = getattr(args, "recompute_granularity", None), getattr(args, "recompute_method", None)
+        view.checkpoint_activations = bool(getattr(args, "checkpoint_activations", False)) or \
+            (granularity, method) == ("full", "uniform")
+        view.recompute_method = "uniform"
+    return view, stage_layers
+
+
+def upstream_analytic_flops(view: Namespace, stage_layers: Optional[list]) -> Optional[dict]:
+    """The Megatron-LM formula (patches.profiler.analytic_flops) on upstream's arguments, or None where this
+    Megatron's arguments lack what it needs."""
+    from patches.profiler.analytic_flops import gpt_flops_per_iteration
+
     try:
-        return gpt_flops_per_iteration(view)
+        return gpt_flops_per_iteration(view, stage_layers=stage_layers)
     except (AttributeError, TypeError):  # a fork without these arguments: the report has no analytic column
         return None

@@ -188,3 +188,19 @@ def test_the_config_section_alone_reports_once_on_upstream(workdir):
     assert output.count(HEADER) == 1 and f"Profile Summary at step {PROFILE_STEP}:" in output
     assert "bwd_microstep timer has already been started" not in output
     assert sorted(losses) == [1, 2, 3]
+
+
+def test_upstream_recompute_follows_deepspeeds_chunk_rule(workdir):
+    """--checkpoint-num-layers 3 on pp 2: upstream's stages are [_to_float16, embedding, layer 1, layer 2] and
+    [layer 3, layer 4, norm, ...]; DeepSpeed checkpoints only chunks of transformer layers, so layer 2 alone is
+    recomputed. The report measures that, the analytic figure follows it, and one line says why."""
+    out = workdir[0] / "chunks_profile"
+    process, _ = run_upstream(workdir, "chunks", 2, 1, via_module=True, extra=[
+        "--checkpoint-num-layers", 3, "--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out])
+    assert process.returncode == 0, explain(process)
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    layer_fwd = GLOBAL_BATCH * SEQ * 24 * HIDDEN * HIDDEN + GLOBAL_BATCH * 4 * SEQ * SEQ * HIDDEN
+    assert report["totals"]["recompute_flops"] == layer_fwd
+    assert report["totals"]["analytic_flops"] == report["totals"]["fwd_flops"] * 3 + layer_fwd
+    assert report["recompute_note"].startswith("activation checkpointing recomputes 1 of 4 transformer layers (2; "
+                                               "not 1, 3, 4)")
