@@ -29,6 +29,7 @@ STILL_WORKS = "the DeepSpeed config's flops_profiler section still profiles pipe
 
 class _State:
     """What install() was told, and whether the Megatron found profiles itself."""
+    installed = False
     profile_step_requested = False
     megatron_profiles_itself = False
 
@@ -38,6 +39,9 @@ def install(argv: List[str]) -> None:
     to know whether --profile-flops-step was asked for (a missing part is then an error, not a warning)."""
     _State.profile_step_requested = any(arg == PROFILE_STEP_FLAG or arg.startswith(PROFILE_STEP_FLAG + "=")
                                         for arg in argv)
+    if _State.installed:  # the launcher and a one-line edit both asked: patch once
+        return
+    _State.installed = True
     after_import("megatron", _note_self_profiling)
     after_import("megatron.arguments", _patch_parse_args)
     after_import("megatron.training", _patch_train_step)

@@ -176,6 +176,7 @@ def test_the_one_line_edit_works_after_the_scripts_own_imports(tmp_path):
         from megatron import training
         import patches
         patches.apply_to_this_run()
+        patches.apply_to_this_run()  # twice (a launch with the module and the edit): patched once
         args = initialize()
         print("flags", args.profile_flops_step)
         from megatron import arguments
