@@ -216,12 +216,13 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
     """Profile this step on every rank (patches.profiler.one_step: the report, its JSON and trace)."""
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
+    stage_layers = pipeline_stage_layers(args)
     request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
-                                 analytic=gpt_flops_per_iteration(args, stage_layers=pipeline_stage_layers(args)),
+                                 analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
                                  peak_tflops=args.peak_tflops,
                                  # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
                                  activation_checkpointing=bool(args.checkpoint_activations),
-                                 recompute_note=recompute_shortfall(args, pipeline_stage_layers(args)))
+                                 recompute_note=recompute_shortfall(args, stage_layers))
     return profile_train_step(
         model[0], request, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
         tensorboard_writer=writer)

@@ -63,10 +63,7 @@ def stage_boundaries(args, num_stages):
 
 def transformer_layers_per_stage(args):
     """How many transformer layers each pipeline stage holds (one stage under --no-pipeline-parallel)."""
-    stages = 1 if args.no_pipeline_parallel else args.pipeline_model_parallel_size
-    boundaries, _ = stage_boundaries(args, stages)
-    transformer_specs = range(1, args.num_layers + 1)  # spec 0 is the embedding
-    return [sum(1 for spec in transformer_specs if boundaries[i] <= spec < boundaries[i + 1]) for i in range(stages)]
+    return [sum(isinstance(layer, int) for layer in layers) for layers in pipeline_stage_layers(args)]
 
 
 def pipeline_stage_layers(args):

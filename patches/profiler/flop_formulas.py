@@ -19,7 +19,7 @@ with and without `is_causal`):
   dK backward: 4 bmm = 2x forward). torch's bmm formula counts those.
 On CUDA the flash / memory-efficient / cuDNN ops are in torch's registry already.
 """
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 from torch.utils import flop_counter
@@ -161,7 +161,8 @@ def multi_head_attention_flops(query_shape: Shape, key_shape: Shape, embed_dim: 
     return projections + attention + output
 
 
-def _any_nested(values) -> bool:
+def any_nested(values: Iterable[Any]) -> bool:
+    """Whether any of `values` is a nested tensor (no sizes for a formula to read)."""
     return any(isinstance(value, torch.Tensor) and value.is_nested for value in values)
 
 
@@ -173,7 +174,7 @@ def _register_fast_path_formulas():
     if aten._native_multi_head_attention not in flop_counter.flop_registry:
         @flop_counter.register_flop_formula(aten._native_multi_head_attention, get_raw=True)
         def _native_mha(query, key, value, embed_dim, *args, out_val=None, **kwargs):
-            if _any_nested((query, key, value)):
+            if any_nested((query, key, value)):
                 return 0
             return multi_head_attention_flops(query.shape, key.shape, embed_dim)
 

@@ -50,7 +50,13 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from patches.profiler.flop_formulas import MATRIX, gemm_backward_product_flops, is_matrix_class, module_flops_for
+from patches.profiler.flop_formulas import (
+    MATRIX,
+    any_nested,
+    gemm_backward_product_flops,
+    is_matrix_class,
+    module_flops_for,
+)
 from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, RECOMPUTE, current_phase, module_call_phase
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
@@ -161,7 +167,7 @@ class _FlopCountingMode(TorchDispatchMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         # A nested tensor (TransformerEncoder's padding-mask fast path) has no sizes for a formula to read,
         # and composite decompositions do not run on it: its matrix-class ops are listed as uncounted.
-        nested = _has_nested(args)
+        nested = any_nested(args)
         if formula is DECOMPOSE:
             if not nested:
                 with self:  # the decomposition's ops come back here to be counted
@@ -179,13 +185,6 @@ class _FlopCountingMode(TorchDispatchMode):
             if flops:
                 self.credit(flops)
         return out
-
-
-def _has_nested(args):
-    for arg in args:
-        if isinstance(arg, torch.Tensor) and arg.is_nested:
-            return True
-    return False
 
 
 class _ScopedCall:
