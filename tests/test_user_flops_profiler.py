@@ -9,7 +9,9 @@ import pytest
 from patches.profiler.printer import HEADER
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.store_exchange import MIN_WAIT_S
+from tests.helpers.flags import PP2_TP2, TINY_GPT
 from tests.helpers.launch import REPO, explain, launch
+from tests.helpers.tiny_gpt import check_totals
 
 SCRIPT = REPO / "tests" / "scripts" / "user_flops_profiler.py"
 WIDTH, MICRO_BATCH, MICRO_BATCHES = 16, 2, 4  # the script's layers and this config
@@ -96,3 +98,20 @@ def test_plain_engine_profiled_by_rank_0_alone_reports_locally(tmp_path):
     linear_fwd = 2 * MICRO_BATCH * WIDTH * WIDTH
     assert facts[0]["getters"] == [2 * linear_fwd, 2 * (WIDTH * WIDTH + WIDTH)]  # one micro-batch, two Linear
     assert "DeepSpeed Flops Profiler Enabled: True (served by the patches' pipeline-aware profiler)" in output
+
+
+@pytest.mark.launch
+def test_the_users_train_loop_code_on_our_gpt_at_tp2_pp2(tmp_path):
+    """The user's report's code in pretrain_gpt.py's train loop (tests/scripts/pretrain_with_user_profiler.py),
+    tp 2 x pp 2 with activation checkpointing: the whole model's exact params and FLOPs, printed once."""
+    report_path = tmp_path / "user_report.json"
+    args = TINY_GPT + PP2_TP2 + ["--train-iters", "3", "--checkpoint-activations"]
+    process = launch(REPO / "tests" / "scripts" / "pretrain_with_user_profiler.py", 4, args, cwd=tmp_path,
+                     timeout=300, env={"USER_PROFILE_STEP": "2", "USER_PROFILE_JSON": str(report_path)})
+    assert process.returncode == 0, explain(process)
+    output = process.stdout + process.stderr
+    assert output.count(HEADER) == 1 and "Profile Summary at step 2:" in output
+    report = json.loads(report_path.read_text())
+    check_totals(report, layers=4, sequences=8, checkpointing=True)
+    assert [(s["stage_id"], s["global_ranks"]) for s in report["stages"]] == [(0, [0, 1]), (1, [2, 3])]
+    assert "iteration        3/" in output  # training went on after the profiled iteration

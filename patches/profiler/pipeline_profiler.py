@@ -40,7 +40,13 @@ from patches.profiler.gather import (
 )
 from patches.profiler.gather import measure_clock_offset as measure_clock_offset  # its former home
 from patches.profiler.module_profiler import ModuleProfiler
-from patches.profiler.printer import duration_to_string, format_report, number_to_string, params_to_string
+from patches.profiler.printer import (
+    duration_to_string,
+    format_aggregated,
+    format_report,
+    number_to_string,
+    params_to_string,
+)
 from patches.profiler.report import build_report
 from patches.profiler.trace import build_trace
 
@@ -210,6 +216,19 @@ class PipelineFlopsProfiler:
             self._rank0_writes(lambda: write_text(text, output_file), output_file)
         elif text:
             print(text, flush=True)
+
+    def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
+        """Collective. Global rank 0 prints the top module types per depth of the whole model."""
+        report = self.get_report()
+        if dist.get_rank() == 0:
+            print("\n".join(format_aggregated(report, module_depth, top_modules)), flush=True)
+
+    def is_expert_tensor_parallelism_enabled(self) -> bool:
+        """DeepSpeed's meaning: a MoE layer of the model shards its experts over tensor ranks."""
+        from deepspeed.moe.layer import MoE
+
+        return any(getattr(m, "enable_expert_tensor_parallelism", False)
+                   for m in self.engine.module.modules() if isinstance(m, MoE))
 
     def write_json(self, path: str, profile_step: Optional[int] = None) -> None:
         """Collective (it gathers if needed). Global rank 0 writes the schema's JSON to path; a failed write
