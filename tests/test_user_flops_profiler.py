@@ -78,6 +78,18 @@ def test_a_stage_that_did_not_profile_is_named_within_seconds(tmp_path):
 
 
 @pytest.mark.launch
+def test_get_report_where_a_rank_never_started_names_it_on_every_rank(tmp_path):
+    """PipelineFlopsProfiler (collective by contract) started on rank 0 only: its groups are made in
+    get_report, where every rank is, so the rank that never started is named to both, no hang."""
+    _, facts = run(tmp_path, "unstarted")
+    assert facts[0]["report_error"].startswith(  # rank 0 is told who failed; rank 1 raises its own error
+        "the profile report was not built: rank 1 failed building its profile entry: RuntimeError: "
+        "start_profile() never ran on this rank"), facts[0]
+    assert facts[1]["report_error"] == "start_profile() never ran on this rank: nothing was measured"
+    assert all(len(f["losses"]) == 4 for f in facts)
+
+
+@pytest.mark.launch
 def test_a_report_file_rank_0_cannot_write_fails_on_every_rank_and_training_goes_on(tmp_path):
     _, facts = run(tmp_path, "write_error")
     expected = "the profile report was not written to /proc/no_such_dir/report.json on rank 0: FileNotFoundError"

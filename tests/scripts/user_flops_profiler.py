@@ -7,6 +7,8 @@ MODE "every": start_profile() on every rank before the profiled train_batch; pri
               end_profile() on the last stage's rank only (the user's report).
 MODE "stage0": start_profile() on stage 0's rank only; stage 0 prints (stage 1 must be named, not waited on).
 MODE "none": no profiler (the reference losses).
+MODE "unstarted": PipelineFlopsProfiler started on rank 0 only, get_report() on every rank (collective): both
+              ranks must get the error naming rank 1, not hang.
 MODE "write_error": PipelineFlopsProfiler on every rank, whose write_json rank 0 cannot write (a collective
               error every rank must learn of), then training goes on.
 MODE "plain": a plain DeepSpeedEngine, the config's flops_profiler section on (for a later step); the
@@ -60,16 +62,24 @@ def pipeline_run(mode, out_dir, config):
     model = [engine]  # Megatron-DeepSpeed's model list
     data = batches(config, torch.Generator().manual_seed(1))
     last_stage = engine.is_last_stage()
-    prof = {"none": None, "write_error": PipelineFlopsProfiler(engine)}.get(mode) or FlopsProfiler(model[0])
+    collective = mode in ("write_error", "unstarted")
+    prof = None if mode == "none" else PipelineFlopsProfiler(engine) if collective else FlopsProfiler(model[0])
     facts = {"losses": [], "is_deepspeed_flops_profiler": isinstance(prof, FlopsProfiler)}
     for _ in range(BATCHES):
         profiled = engine.global_steps == PROFILED_BATCH
         if profiled:
             facts["before_profiled_batch"] = leftovers(engine)
-        if profiled and (mode in ("every", "write_error") or (mode == "stage0" and engine.stage_id == 0)):
+        if profiled and (mode in ("every", "write_error") or (mode in ("stage0", "unstarted") and rank == 0)):
             prof.start_profile()
         loss = engine.train_batch(data_iter=data)
         facts["losses"].append(loss.item().hex())
+        if profiled and mode == "unstarted":
+            prof.stop_profile()
+            try:
+                prof.get_report()
+            except RuntimeError as error:
+                facts["report_error"] = str(error)
+            prof.end_profile()
         if profiled and mode == "write_error":
             prof.stop_profile()
             try:
