@@ -93,3 +93,19 @@ def test_every_public_method_of_deepspeeds_flops_profiler_is_there_with_its_para
             theirs = list(inspect.signature(getattr(FlopsProfiler, name)).parameters)
             assert list(inspect.signature(getattr(ours, name)).parameters)[:len(theirs)] == theirs, (ours, name)
     assert issubclass(UserCodeFlopsProfiler, FlopsProfiler)
+
+
+def test_flops_profiler_of_a_plain_module_is_deepspeeds_own_after_apply():
+    """Only a PipelineEngine (or its PipelineModule) gets the pipeline-aware profiler; get_model_profile is stock."""
+    from deepspeed.profiling.flops_profiler import FlopsProfiler, get_model_profile
+
+    patches.apply()
+    model = _model()
+    prof = FlopsProfiler(model)
+    assert type(prof) is FlopsProfiler
+    prof.start_profile()
+    model(torch.randn(3, 4))
+    assert prof.get_total_params() == 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2
+    prof.end_profile()
+    flops, macs, params = get_model_profile(_model(), input_shape=(3, 4), print_profile=False, as_string=False)
+    assert (macs, params) == (3 * (4 * 8 + 8 * 8 + 8 * 2), 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2)
