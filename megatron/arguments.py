@@ -671,7 +671,7 @@ def _validate_profiler(args):
         if args.load:
             from megatron.checkpointing import latest_iteration
 
-            resumed = latest_iteration(args.load)
+            resumed = None if args.finetune else latest_iteration(args.load, args.load_tag)
             _require(resumed is None or step > resumed,
                      f"--profile-flops-step {step} would never run: the checkpoint in --load {args.load} is at "
                      f"iteration {resumed}, so training resumes at iteration {(resumed or 0) + 1}")

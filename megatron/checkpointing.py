@@ -61,9 +61,9 @@ def read_latest_tag(load_dir):
         return None
 
 
-def latest_iteration(load_dir):
-    """The iteration of the checkpoint --load would resume from, or None (no checkpoint, or not ours)."""
-    tag = read_latest_tag(load_dir)
+def latest_iteration(load_dir, load_tag=None):
+    """The iteration of the checkpoint --load (and --load-tag) would resume from, or None (none, or not ours)."""
+    tag = load_tag or read_latest_tag(load_dir)
     match = _TAG_PATTERN.fullmatch(tag) if tag else None
     return int(match.group(1)) if match else None
 

@@ -1,4 +1,5 @@
 """The fork end to end: pretrain_gpt.py under the deepspeed launcher, several CPU processes over gloo."""
+import re
 import shutil
 
 import pytest
@@ -140,6 +141,24 @@ def test_partitioned_activations_reach_deepspeed_and_change_nothing(tmp_path, pp
     process, losses = run_pretrain(tmp_path, 4, flags, name="partitioned")
     assert process.returncode == 0, explain(process)
     assert losses == {i: plain_losses[i] for i in (1, 2, 3)}
+
+
+def test_load_tag_resumes_the_named_checkpoint(tmp_path, pp2_tp1_straight):
+    """`latest` names global_step10; --load-tag global_step5 resumes there, bitwise the uninterrupted run."""
+    checkpoints, straight_losses = pp2_tp1_straight
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", checkpoints, "--load-tag", "global_step5"]
+    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="tagged")
+    assert resumed.returncode == 0, explain(resumed)
+    assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
+
+
+def test_num_zeros_in_grad_is_logged(tmp_path):
+    """--log-num-zeros-in-grad: upstream's `num zeros` field after `grad norm`, a whole count of elements."""
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--log-num-zeros-in-grad"]
+    process, _ = run_pretrain(tmp_path, 2, flags, name="zeros")
+    assert process.returncode == 0, explain(process)
+    counts = re.findall(r"\| grad norm: [0-9.]+ \| num zeros: ([0-9.]+) \|", process.stdout)
+    assert len(counts) == 2 and all(float(count).is_integer() for count in counts), explain(process)
 
 
 def test_checkpoint_of_another_shape_is_refused_in_one_line(tmp_path, pp2_tp1_straight):
