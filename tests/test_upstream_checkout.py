@@ -212,6 +212,10 @@ def test_upstream_recompute_follows_deepspeeds_chunk_rule(workdir):
 # (upstream's CPU attention is baddbmm + softmax, ours SDPA): the same state gives losses equal to the last
 # bit or one fp32 ulp apart (measured), while a wrong data position or learning rate moves them by 1e-4 or
 # more. Hence rel 1e-6 across the two codes.
+# Measured exact against the October 2024 tree (6acc370a). Upstream's current main (4efb479d) fails the loss
+# comparison by ~2e-3 in both directions, and not because of the checkpoint: the same checkpoint of ours,
+# resumed by 6acc370a, gives bitwise our own resume's losses, and resumed by 4efb479d other ones; its model
+# computes differently on a CPU (not investigated).
 # Dropout is off: which dropout draws come from which generator is each code's own (upstream's October 2024
 # tree and this fork agree at tp 1, upstream's current main does not, and on a CPU upstream's tensor rank 0
 # alone draws its data loader's seed from the dropout generator). With it off, the continuation checks the
@@ -271,4 +275,5 @@ def test_checkpoints_resume_on_the_other_side(workdir, pp, tp):
     for writer in ("upstream", "fork"):
         for iteration in (6, 7):
             assert resumed["fork", writer][iteration] == pytest.approx(
-                resumed["upstream", writer][iteration], rel=1e-6, abs=0), (writer, iteration)
+                resumed["upstream", writer][iteration], rel=1e-6, abs=0), (
+                writer, iteration, "upstream's current main computes other losses on CPU (see above)")
