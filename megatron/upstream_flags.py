@@ -4,8 +4,9 @@ An existing launch script must either run here or stop at start with one line sa
 flags asks for something this fork does not have; it must never stop at "unrecognized arguments"
 for a flag upstream knows, nor ignore a feature silently.
 
-- NO_OPS: switches of upstream's CUDA kernels and of code paths DeepSpeed replaces. They change
-  nothing numerically here; they are accepted and listed once in the log.
+- NO_OPS: flags that change nothing on this path: CUDA kernel switches, code paths DeepSpeed replaces,
+  options upstream itself reads only elsewhere (without DeepSpeed, in BERT/T5), MoE settings with one
+  expert. They are accepted and listed once in the log, each with why.
 - UNSUPPORTED_OPTIONS: valued flags whose "off" value is accepted (`--num-experts 1`); any other value
   stops the run.
 - UNSUPPORTED_FLAGS: any use stops the run. These are recognised by name before argparse runs, so
