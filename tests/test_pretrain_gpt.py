@@ -152,6 +152,17 @@ def test_load_tag_resumes_the_named_checkpoint(tmp_path, pp2_tp1_straight):
     assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
 
 
+def test_finetune_loads_the_weights_and_starts_at_iteration_1(tmp_path, pp2_tp1_straight):
+    """--finetune: the weights of iteration 10, a fresh optimizer and schedule, counted from iteration 0
+    (so the first batch is the uninterrupted run's first, now seen by trained weights)."""
+    checkpoints, straight_losses = pp2_tp1_straight
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--load", checkpoints, "--finetune"]
+    process, losses = run_pretrain(tmp_path, 2, flags, name="finetune")
+    assert process.returncode == 0, explain(process)
+    assert "for fine-tuning, starting at iteration 0" in process.stdout
+    assert sorted(losses) == [1, 2] and losses[1] < straight_losses[1] - 0.1, (losses, straight_losses)
+
+
 def test_num_zeros_in_grad_is_logged(tmp_path):
     """--log-num-zeros-in-grad: upstream's `num zeros` field after `grad norm`, a whole count of elements."""
     flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--log-num-zeros-in-grad"]
