@@ -40,9 +40,9 @@ def train_valid_test_datasets_provider(train_valid_test_num_samples):
 
     def build():
         return build_train_valid_test_datasets(args.data_path, args.split, train_valid_test_num_samples,
-                                               args.seq_length, args.seed)
+                                               args.seq_length, args.seed, cache_dir=args.data_cache_path)
 
-    # Rank 0 writes the cached sample indices beside the data; the others then read them.
+    # Rank 0 writes the cached sample indices (beside the data, or in --data-cache-path); the others read them.
     datasets = build() if torch.distributed.get_rank() == 0 else None
     torch.distributed.barrier()
     return datasets if datasets is not None else build()

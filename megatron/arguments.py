@@ -12,10 +12,12 @@ import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 
 import deepspeed
 
 from megatron import upstream_flags
+from megatron.core.enums import ModelType
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
 from patches.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
@@ -38,6 +40,28 @@ class _OneLineParser(argparse.ArgumentParser):
 def exit_on_bad_args(message):
     """Print one line (on the first rank only, to avoid N copies) and exit 2 on every rank."""
     exit_with_one_line(message)
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointingOption:
+    flag: str
+    config_key: str  # in the DeepSpeed config's activation_checkpointing section
+    help: str
+
+
+# In the order of deepspeed.checkpointing.configure's keywords (ActivationCheckpointing's fields).
+ACTIVATION_CHECKPOINTING_OPTIONS = (
+    ActivationCheckpointingOption("--partition-activations", "partition_activations",
+                                  "split each checkpointed activation over the tensor-parallel ranks"),
+    ActivationCheckpointingOption("--contigious-checkpointing", "contiguous_memory_optimization",
+                                  "copy partitioned checkpoints into one buffer (needs --partition-activations)"),
+    ActivationCheckpointingOption("--checkpoint-in-cpu", "cpu_checkpointing",
+                                  "keep partitioned checkpoints in CPU memory (needs --partition-activations)"),
+    ActivationCheckpointingOption("--synchronize-each-layer", "synchronize_checkpoint_boundary",
+                                  "synchronize the accelerator around each checkpointed chunk"),
+    ActivationCheckpointingOption("--profile-backward", "profile",
+                                  "DeepSpeed logs the time of each checkpointed chunk's forward and backward"),
+)
 
 
 def build_parser(extra_args_provider=None):
@@ -88,6 +112,10 @@ def _add_model_args(parser):
                    help="rotary position embeddings on queries and keys, no learned position table")
     g.add_argument("--rotary-percent", type=float, default=1.0,
                    help="fraction of each head's channels that is rotated")
+    g.add_argument("--rotary-position-embeddings-theta", type=int, default=10000, dest="rope_theta",
+                   help="the rotary frequencies' base")
+    g.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
+                   help="no learned position table (with rotary embeddings there is none anyway)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
                    help="a separate LM head instead of the word embedding's transpose")
     g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
@@ -116,6 +144,10 @@ def _add_recompute_args(parser):
                    help="= --recompute-granularity selective")
     g.add_argument("--deepspeed-activation-checkpointing", action="store_true",
                    help="recompute through deepspeed.checkpointing (always the case here)")
+    # deepspeed.checkpointing's options. Given, a flag overrides the DeepSpeed config's
+    # activation_checkpointing section; absent, the section decides (upstream passes False instead).
+    for option in ACTIVATION_CHECKPOINTING_OPTIONS:
+        g.add_argument(option.flag, action="store_true", help=option.help)
 
 
 def _add_precision_args(parser):
@@ -220,6 +252,10 @@ def _add_data_args(parser):
     g = parser.add_argument_group("data")
     g.add_argument("--data-path", nargs="*", default=None,
                    help="a prefix, or weight prefix pairs; without it a synthetic source is used")
+    g.add_argument("--data-cache-path", default=None,
+                   help="the directory for the sample index files (default: beside the data)")
+    g.add_argument("--dataloader-type", default=None, choices=["single", "cyclic"],
+                   help="single, upstream's default, is this fork's loader; cyclic is not supported")
     g.add_argument("--split", default="969,30,1")
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
@@ -236,7 +272,15 @@ def _add_checkpoint_args(parser):
     g = parser.add_argument_group("checkpoints")
     g.add_argument("--save", default=None)
     g.add_argument("--load", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--save-interval", type=int, default=None, help="without --save nothing is saved, as upstream")
+    g.add_argument("--no-save-rng", action="store_true",
+                   help="save no RNG state (resuming such a checkpoint then needs --no-load-rng, as upstream)")
+    g.add_argument("--no-load-rng", action="store_true",
+                   help="resume without the checkpoint's RNG state: the generators keep this run's seeds")
+    g.add_argument("--load-tag", default=None,
+                   help="the checkpoint in --load to resume (global_step<N>), instead of the one `latest` names")
+    g.add_argument("--finetune", action="store_true",
+                   help="load the weights only: start at iteration 0 with a fresh optimizer, scheduler and RNG")
 
 
 def _add_logging_args(parser):
@@ -257,6 +301,8 @@ def _add_logging_args(parser):
                    help="norms and largest magnitudes of Adam's moments and of the weights")
     g.add_argument("--log-world-size-to-tensorboard", action="store_true")
     g.add_argument("--log-params-norm", action="store_true", help="the parameters' global L2 norm in the log line")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="the number of zero gradient elements in the log line (fp32 without ZeRO only)")
     g.add_argument("--loss-record-file", default=None,
                    help="append each iteration's exact loss as a JSON line (written by the last rank)")
 
@@ -336,6 +382,8 @@ def validate_args(args, world_size):
     args.deepspeed_config_dict = _build_deepspeed_config(args)
     # Training progress, as upstream starts it here (a checkpoint's values replace it on --load).
     args.consumed_train_samples, args.consumed_train_tokens = 0, 0
+    # Upstream's pretrain() sets it; checkpoints pickle it (megatron/core/enums.py says why it exists here).
+    args.model_type = ModelType.encoder_or_decoder
     return args
 
 
@@ -510,7 +558,6 @@ def _validate_schedule(args):
     _require(args.eval_iters >= 0, "--eval-iters must be >= 0")
     if args.save_interval is not None:
         _require(args.save_interval >= 1, "--save-interval must be >= 1")
-        _require(args.save is not None, "--save-interval needs --save DIR")
 
 
 def _validate_weight_decay_schedule(args):
@@ -553,24 +600,36 @@ def _validate_load(args):
             LATEST_FILE,
             CheckpointError,
             check_checkpoint_args,
+            has_rng_state,
             read_latest_tag,
-            saved_args,
+            saved_client_state,
         )
 
-        tag = read_latest_tag(args.load)
-        _require(tag is None or os.path.isdir(os.path.join(args.load, tag)),
-                 f"--load {args.load}: {LATEST_FILE} names checkpoint {tag}, which is not there")
+        if args.load_tag is not None:
+            tag = args.load_tag
+            _require(os.path.isdir(os.path.join(args.load, tag)),
+                     f"--load-tag {tag}: no such checkpoint in {args.load}")
+        else:
+            tag = read_latest_tag(args.load)
+            _require(tag is None or os.path.isdir(os.path.join(args.load, tag)),
+                     f"--load {args.load}: {LATEST_FILE} names checkpoint {tag}, which is not there")
         if tag is not None:
             try:
-                saved = saved_args(args.load, tag)
-                if saved is not None:
-                    check_checkpoint_args(saved, args)
+                state = saved_client_state(args.load, tag)
+                if state is not None and state.get("args") is not None:
+                    check_checkpoint_args(state["args"], args)
             except CheckpointError as error:
                 raise ArgumentError(f"--load {args.load}: {error}") from None
+            _require(state is None or args.no_load_rng or args.finetune or has_rng_state(state),
+                     f"--load {args.load}: checkpoint {tag} holds no RNG state (saved with --no-save-rng): "
+                     f"give --no-load-rng to resume without it")
 
 
 def _validate_data(args):
     _require(args.num_workers >= 0, "--num-workers must be >= 0")
+    _require(args.dataloader_type != "cyclic",
+             "--dataloader-type cyclic: a data loader reshuffling every epoch is not supported here "
+             "(single, upstream's default, is)")
     if args.data_path:
         problem = tokenizer_files_problem(args)
         _require(problem is None, f"--data-path: {problem}")
@@ -612,7 +671,7 @@ def _validate_profiler(args):
         if args.load:
             from megatron.checkpointing import latest_iteration
 
-            resumed = latest_iteration(args.load)
+            resumed = None if args.finetune else latest_iteration(args.load, args.load_tag)
             _require(resumed is None or step > resumed,
                      f"--profile-flops-step {step} would never run: the checkpoint in --load {args.load} is at "
                      f"iteration {resumed}, so training resumes at iteration {(resumed or 0) + 1}")
@@ -633,6 +692,11 @@ def _writable_dir(path):
 def _build_deepspeed_config(args):
     """The DeepSpeed config as a dict: the user's file, checked against the flags and completed by them."""
     config = {}
+    if args.deepscale_config:  # DeepSpeed's old name for --deepspeed_config
+        _require(args.deepspeed_config in (None, args.deepscale_config),
+                 f"--deepscale_config {args.deepscale_config} and --deepspeed_config {args.deepspeed_config} "
+                 f"name different files")
+        args.deepspeed_config = args.deepscale_config
     if args.deepspeed_config:
         try:
             with open(args.deepspeed_config) as f:
@@ -670,12 +734,41 @@ def _build_deepspeed_config(args):
         _map_loss_scaling(args, config["fp16"])
     _map_gradient_clipping(args, config)
     _map_zero_stage(args, config)
+    args.activation_checkpointing = _activation_checkpointing(args, config)
+    _require(not args.log_num_zeros_in_grad or not (args.fp16 or args.bf16 or args.zero_stage > 0),
+             "--log-num-zeros-in-grad: with fp16, bf16 or ZeRO the gradients are in DeepSpeed's own buffers, "
+             "where this fork does not count them")
     if args.optimizer == "sgd" and args.zero_stage > 0:
         _require(config.get("zero_allow_untested_optimizer", False),
                  f"--optimizer sgd under ZeRO stage {args.zero_stage}: DeepSpeed's ZeRO optimizer refuses SGD unless "
                  f"the DeepSpeed config sets \"zero_allow_untested_optimizer\": true")
     _validate_flops_profiler_section(config.get("flops_profiler"))
     return config
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointing:
+    """deepspeed.checkpointing.configure's options (the field names are its keywords)."""
+    partition_activations: bool
+    contiguous_checkpointing: bool
+    checkpoint_in_cpu: bool
+    synchronize: bool
+    profile: bool
+
+
+def _activation_checkpointing(args, config):
+    """A given flag turns its option on; otherwise the config's activation_checkpointing section decides."""
+    section = config.get("activation_checkpointing", {})
+    _require(isinstance(section, dict), "DeepSpeed config activation_checkpointing must be an object")
+    settings = ActivationCheckpointing(*(getattr(args, _dest(option.flag)) or bool(section.get(option.config_key))
+                                         for option in ACTIVATION_CHECKPOINTING_OPTIONS))
+    _require(settings.partition_activations or not settings.contiguous_checkpointing,
+             "contiguous activation checkpointing (--contigious-checkpointing) needs partitioned activations "
+             "(--partition-activations), as DeepSpeed's")
+    if settings.partition_activations and args.tensor_model_parallel_size == 1:
+        args.start_up_notes.append("> partitioned activations: tensor-parallel size 1, so there is nothing to "
+                                   "split; each rank keeps its whole checkpointed activations")
+    return settings
 
 
 # Megatron's loss-scaling flags and the DeepSpeed fp16 keys they set.

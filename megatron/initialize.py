@@ -1,6 +1,7 @@
 """Start-up: arguments, the distributed backend, the tensor/pipeline/data groups and the seeds."""
 import os
 import random
+from dataclasses import asdict
 from datetime import timedelta
 
 import deepspeed
@@ -76,8 +77,9 @@ def _initialize_distributed(args):
     mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
     # DeepSpeed's activation checkpointing saves and restores the tensor-parallel RNG states on
     # recompute; it needs to know the tensor-parallel layout for that.
-    deepspeed.checkpointing.configure(mpu, partition_activations=False, contiguous_checkpointing=False,
-                                      checkpoint_in_cpu=False, synchronize=False, profile=False)
+    # Its options: the DeepSpeed config's activation_checkpointing section and the flags (megatron/arguments.py).
+    chunks = -(-args.num_layers // args.checkpoint_num_layers)
+    deepspeed.checkpointing.configure(mpu, num_checkpoints=chunks, **asdict(args.activation_checkpointing))
     _unlink_shm_buffer()
 
 

@@ -7,6 +7,7 @@ tensor-parallel shards on every tensor rank, replicated parameters on tensor ran
 pipeline weights on their first stage only; the squares are then summed over the tensor and
 pipeline groups. Gradients are already averaged over data-parallel ranks when step() runs.
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,18 +22,29 @@ def counts_in_norm(param):
     return getattr(param, "tensor_model_parallel", False) or mpu.get_tensor_model_parallel_rank() == 0
 
 
-def _model_parallel_norm(tensors):
-    """L2 norm of these tensors summed over the tensor and pipeline groups (collective on both)."""
-    squares = torch.zeros(1, dtype=torch.float32, device=tensors[0].device if tensors else None)
+def _model_parallel_sum(tensors, of):
+    """sum(of(tensor)) over these tensors and the tensor and pipeline groups (collective on both)."""
+    total = torch.zeros(1, dtype=torch.float32, device=tensors[0].device if tensors else None)
     for tensor in tensors:
-        squares += tensor.detach().float().norm() ** 2
-    dist.all_reduce(squares, group=mpu.get_tensor_model_parallel_group())
-    dist.all_reduce(squares, group=mpu.get_pipeline_model_parallel_group())
-    return squares.sqrt().item()
+        total += of(tensor.detach())
+    dist.all_reduce(total, group=mpu.get_tensor_model_parallel_group())
+    dist.all_reduce(total, group=mpu.get_pipeline_model_parallel_group())
+    return total.item()
+
+
+def _model_parallel_norm(tensors):
+    """L2 norm of these tensors over the tensor and pipeline groups (collective on both)."""
+    return math.sqrt(_model_parallel_sum(tensors, lambda t: t.float().norm() ** 2))
 
 
 def global_grad_norm(params):
     return _model_parallel_norm([p.grad for p in params if p.grad is not None and counts_in_norm(p)])
+
+
+def global_zeros_in_grad(params):
+    """Upstream's --log-num-zeros-in-grad figure: zero gradient elements of the dense model, each counted once."""
+    return _model_parallel_sum([p.grad for p in params if p.grad is not None and counts_in_norm(p)],
+                               lambda t: (t == 0).sum())
 
 
 def global_params_norm(module):
@@ -43,10 +55,12 @@ def global_params_norm(module):
 class _ClipByGlobalNorm:
     """step() first clips the gradients by their global norm (clip_grad 0 disables clipping)."""
 
-    def __init__(self, params, clip_grad, **kwargs):
+    def __init__(self, params, clip_grad, count_zeros=False, **kwargs):
         super().__init__(params, **kwargs)
         self.clip_grad = clip_grad
         self._global_grad_norm = None  # DeepSpeed's engine reports this as its grad norm
+        self.count_zeros = count_zeros  # --log-num-zeros-in-grad
+        self.num_zeros_in_grad = None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -58,6 +72,8 @@ class _ClipByGlobalNorm:
                 for p in params:
                     if p.grad is not None:
                         p.grad.mul_(coefficient)
+        if self.count_zeros:
+            self.num_zeros_in_grad = global_zeros_in_grad(params)
         return super().step(closure)
 
 
@@ -78,7 +94,9 @@ def get_param_groups(module):
     for param in module.parameters():
         if param.requires_grad:
             (no_decay if param.ndim == 1 else decay).append(param)
-    return [{"params": decay, "wd_mult": 1.0, "lr_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0, "lr_mult": 1.0}]
+    # Upstream's names, saved with each group in the checkpoint.
+    return [{"name": "wd_no_scale_lr", "params": decay, "wd_mult": 1.0, "lr_mult": 1.0},
+            {"name": "no_wd_no_scale_lr", "params": no_decay, "wd_mult": 0.0, "lr_mult": 1.0}]
 
 
 def build_optimizer(args, module):
@@ -92,10 +110,11 @@ def build_optimizer(args, module):
     if args.optimizer == "adam":
         kwargs = dict(lr=args.lr, weight_decay=args.start_weight_decay, betas=(args.adam_beta1, args.adam_beta2),
                       eps=args.adam_eps)
-        return torch.optim.AdamW(groups, **kwargs) if wrapped else ClippedAdamW(groups, clip_grad=args.clip_grad,
-                                                                               **kwargs)
+        return torch.optim.AdamW(groups, **kwargs) if wrapped else ClippedAdamW(
+            groups, clip_grad=args.clip_grad, count_zeros=args.log_num_zeros_in_grad, **kwargs)
     kwargs = dict(lr=args.lr, weight_decay=args.start_weight_decay, momentum=args.sgd_momentum)
-    return torch.optim.SGD(groups, **kwargs) if wrapped else ClippedSGD(groups, clip_grad=args.clip_grad, **kwargs)
+    return torch.optim.SGD(groups, **kwargs) if wrapped else ClippedSGD(
+        groups, clip_grad=args.clip_grad, count_zeros=args.log_num_zeros_in_grad, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,8 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
         interval.add(loss, skipped)
         log = _IterationLog(loss=loss, learning_rate=optimizer.param_groups[0]["lr"],
                             loss_scale=_loss_scale(args, engine), grad_norm=_grad_norm(engine),
-                            params_norm=global_params_norm(engine.module) if args.log_params_norm else None)
+                            params_norm=global_params_norm(engine.module) if args.log_params_norm else None,
+                            num_zeros=optimizer.num_zeros_in_grad if args.log_num_zeros_in_grad else None)
         if iteration % args.tensorboard_log_interval == 0:
             _write_iteration_scalars(args, writer, engine, optimizer, iteration, log)
         if iteration % args.log_interval == 0:
@@ -243,6 +244,7 @@ class _IterationLog:
     loss_scale: Optional[float]
     grad_norm: Optional[float]
     params_norm: Optional[float]
+    num_zeros: Optional[float]
 
 
 def _loss_scale(args, engine):
@@ -266,7 +268,7 @@ def _log_training(args, iteration, interval, seconds_per_iteration, log, writer)
         learning_rate=log.learning_rate, global_batch_size=args.global_batch_size, lm_loss=interval.mean_loss,
         loss_scale=log.loss_scale, grad_norm=log.grad_norm, params_norm=log.params_norm,
         actual_seqlen=args.actual_seq_length, skipped_iterations=interval.skipped, nan_iterations=interval.nan,
-        rates=throughput(args, seconds_per_iteration))
+        rates=throughput(args, seconds_per_iteration), num_zeros=log.num_zeros)
     print_rank_last(line.format())
     if writer is not None and args.log_timers_to_tensorboard:
         _add_scalar_vs(args, writer, "iteration-time/iteration-time", seconds_per_iteration, iteration)
@@ -303,6 +305,8 @@ def _write_iteration_scalars(args, writer, engine, optimizer, iteration, log):
         _add_scalar_vs(args, writer, "world-size/world-size", args.world_size, iteration)
     if log.grad_norm is not None:
         _add_scalar_vs(args, writer, "grad-norm/grad-norm", log.grad_norm, iteration)
+    if log.num_zeros is not None:
+        _add_scalar_vs(args, writer, "num-zeros/num-zeros", log.num_zeros, iteration)
     if log.params_norm is not None:
         _add_scalar_vs(args, writer, "params-norm/params-norm", log.params_norm, iteration)
     _add_scalar_vs(args, writer, "seqlen/actual_seq_length", args.actual_seq_length, iteration)

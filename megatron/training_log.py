@@ -5,11 +5,12 @@
     grad norm: 1.234 | actual seqlen: 16 | number of skipped iterations: 0 | number of nan iterations: 0 |
     samples per second: 9.848 | tokens per gpu per second (tgs): 39.394 | TFLOPs: 0.00 |
 
-(one line). "loss scale" appears with fp16 only, "grad norm" when the engine has one, "params norm"
-with --log-params-norm, "lm loss" when an iteration of the interval advanced. Throughput is upstream's:
-samples/s of the whole global batch, tokens per second per GPU (tgs), and TFLOPs per GPU as the
-whole global batch's FLOPs (patches.profiler.analytic_flops.upstream_flops_per_iteration) over seconds per
-iteration times the world size.
+(one line). "loss scale" appears with fp16 only, "grad norm" when the engine has one, "num zeros" with
+--log-num-zeros-in-grad (upstream's pipeline path prints 0.0 there whatever the gradients; this is the
+count), "params norm" with --log-params-norm, "lm loss" when an iteration of the interval advanced.
+Throughput is upstream's: samples/s of the whole global batch, tokens per second per GPU (tgs), and
+TFLOPs per GPU as the whole global batch's FLOPs (patches.profiler.analytic_flops.upstream_flops_per_iteration)
+over seconds per iteration times the world size.
 """
 import math
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class TrainingLogLine:
     nan_iterations: int
     rates: Throughput
     extra: list = field(default_factory=list)
+    num_zeros: Optional[float] = None  # with --log-num-zeros-in-grad
 
     def format(self) -> str:
         parts = [f" iteration {self.iteration:8d}/{self.train_iters:8d}",
@@ -92,6 +94,8 @@ class TrainingLogLine:
             parts.append(f" loss scale: {self.loss_scale:.1f}")
         if self.grad_norm is not None:
             parts.append(f" grad norm: {self.grad_norm:.3f}")
+        if self.num_zeros is not None:
+            parts.append(f" num zeros: {self.num_zeros:.1f}")
         if self.params_norm is not None:
             parts.append(f" params norm: {self.params_norm:.3f}")
         parts += [f" actual seqlen: {self.actual_seqlen:5d}",
@@ -105,7 +109,7 @@ class TrainingLogLine:
 
 # The log line's field names, in upstream's order (those that may be absent are marked).
 FIELD_ORDER = ("iteration", "consumed samples", "consumed tokens", "elapsed time per iteration (ms)",
-               "learning rate", "global batch size", "lm loss", "loss scale", "grad norm", "params norm",
+               "learning rate", "global batch size", "lm loss", "loss scale", "grad norm", "num zeros", "params norm",
                "actual seqlen", "number of skipped iterations", "number of nan iterations", "samples per second",
                "tokens per gpu per second (tgs)", "TFLOPs")
-OPTIONAL_FIELDS = ("lm loss", "loss scale", "grad norm", "params norm")
+OPTIONAL_FIELDS = ("lm loss", "loss scale", "grad norm", "num zeros", "params norm")

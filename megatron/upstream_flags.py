@@ -4,8 +4,9 @@ An existing launch script must either run here or stop at start with one line sa
 flags asks for something this fork does not have; it must never stop at "unrecognized arguments"
 for a flag upstream knows, nor ignore a feature silently.
 
-- NO_OPS: switches of upstream's CUDA kernels and of code paths DeepSpeed replaces. They change
-  nothing numerically here; they are accepted and listed once in the log.
+- NO_OPS: flags that change nothing on this path: CUDA kernel switches, code paths DeepSpeed replaces,
+  options upstream itself reads only elsewhere (without DeepSpeed, in BERT/T5), MoE settings with one
+  expert. They are accepted and listed once in the log, each with why.
 - UNSUPPORTED_OPTIONS: valued flags whose "off" value is accepted (`--num-experts 1`); any other value
   stops the run.
 - UNSUPPORTED_FLAGS: any use stops the run. These are recognised by name before argparse runs, so
@@ -37,6 +38,10 @@ class UnsupportedOption:
 _KERNEL = "a CUDA kernel switch; this fork runs plain PyTorch kernels"
 _MEGATRON_DDP = "configures Megatron's own data-parallel/pipeline code, which DeepSpeed's engine replaces"
 _ZERO_CONFIG = "the DeepSpeed config's zero_optimization section decides, as upstream"
+_DEEPSPEED_SAVES = "upstream reads it only without DeepSpeed; DeepSpeed's engine saves and loads the optimizer"
+_NEVER_READ = "upstream parses it and never reads it"
+_NOT_GPT = "a BERT/T5/retriever data option; GPT pre-training does not read it (upstream's neither)"
+_ONE_EXPERT = "an MoE setting; with one expert (--num-experts 1, the only value accepted) the model is dense"
 
 NO_OPS = (
     NoOpFlag(("--no-async-tensor-model-parallel-allreduce",), "upstream turns it off under DeepSpeed too"),
@@ -67,38 +72,67 @@ NO_OPS = (
     NoOpFlag(("--zero-reduce-bucket-size",), _ZERO_CONFIG, value_type=int),
     NoOpFlag(("--zero-allgather-bucket-size",), _ZERO_CONFIG, value_type=int),
     NoOpFlag(("--use-pin-memory",), "pins memory for ZeRO-3 parameter offload, which is refused here"),
+    NoOpFlag(("--timing-log-level",), "upstream's level 1 and 2 timers (forward-backward, optimizer, ...) time "
+                                      "its own schedule; on DeepSpeed's pipeline, as here, it runs none of them, "
+                                      "and level 0's is the iteration time in the log line",
+             value_type=int, choices=(0, 1, 2)),
     NoOpFlag(("--no-barrier-with-level-1-timing",), "only affects upstream's per-operation timers (not reported)"),
     NoOpFlag(("--timing-log-option",), "only affects upstream's per-operation timers (not reported)",
              value_type=str, choices=("max", "minmax", "all")),
+    NoOpFlag(("--disable-mem-efficient-ln",), _KERNEL),
+    NoOpFlag(("--onnx-safe",), "picks an ONNX-exportable GELU in upstream's BERT; GPT training is the same"),
+    NoOpFlag(("--mmap-warmup",), "only pre-reads the data files; the samples are the same"),
+    NoOpFlag(("--no-save-optim",), _DEEPSPEED_SAVES),
+    NoOpFlag(("--no-load-optim",), _DEEPSPEED_SAVES),
+    NoOpFlag(("--no-load-lr-state",), _NEVER_READ),
+    NoOpFlag(("--no-initialization",), _NEVER_READ),
+    NoOpFlag(("--exit-on-missing-checkpoint",),
+             "upstream reads it only without DeepSpeed; with DeepSpeed a missing checkpoint starts from scratch"),
+    NoOpFlag(("--distribute-checkpointed-activations", "--distribute-saved-activations"),
+             "splits Megatron's own recompute buffers; DeepSpeed's pipeline recomputes through "
+             "deepspeed.checkpointing, whose counterpart is --partition-activations"),
+    NoOpFlag(("--trust-remote-code",), "only read by HFTokenizer, which this fork does not have"),
+    NoOpFlag(("--bert-no-binary-head",), _NOT_GPT),
+    NoOpFlag(("--mask-prob",), _NOT_GPT, value_type=float),
+    NoOpFlag(("--short-seq-prob",), _NOT_GPT, value_type=float),
+    NoOpFlag(("--vocab-extra-ids",), _NOT_GPT, value_type=int),
+    NoOpFlag(("--retriever-seq-length",), _NOT_GPT, value_type=int),
+    NoOpFlag(("--sample-rate",), _NOT_GPT, value_type=float),
+    NoOpFlag(("--no-data-sharding",), "only read by upstream's cyclic data loader (--dataloader-type cyclic, "
+                                      "refused here); the single loader reads the same samples"),
+    # Upstream's dense scripts pass MoE settings with one expert: then every layer is dense and they change nothing.
+    NoOpFlag(("--mlp-type",), _ONE_EXPERT, value_type=str, choices=("standard", "residual")),
+    NoOpFlag(("--topk",), _ONE_EXPERT, value_type=int),
+    NoOpFlag(("--expert-interval",), _ONE_EXPERT, value_type=int),
+    NoOpFlag(("--moe-train-capacity-factor",), _ONE_EXPERT, value_type=float),
+    NoOpFlag(("--moe-eval-capacity-factor",), _ONE_EXPERT, value_type=float),
+    NoOpFlag(("--moe-min-capacity",), _ONE_EXPERT, value_type=int),
+    NoOpFlag(("--moe-loss-coeff",), _ONE_EXPERT, value_type=float),
+    NoOpFlag(("--disable-moe-token-dropping",), _ONE_EXPERT),
+    NoOpFlag(("--create-moe-param-group",), _ONE_EXPERT),
+    NoOpFlag(("--disable-moe-top2-2nd-expert-sampling",), _ONE_EXPERT),
+    NoOpFlag(("--use-tutel",), _ONE_EXPERT),
+    NoOpFlag(("--enable-expert-tensor-parallelism",), _ONE_EXPERT),
 )
 
 _MOE = "mixture of experts (MoE)"
 _ULYSSES = "DeepSpeed sequence parallelism (Ulysses)"
 UNSUPPORTED_OPTIONS = (
     UnsupportedOption("--num-experts", _MOE, off=[1], nargs="+"),
-    UnsupportedOption("--mlp-type", _MOE, off="standard", value_type=str, choices=("standard", "residual")),
-    UnsupportedOption("--topk", _MOE, off=1),
-    UnsupportedOption("--expert-interval", _MOE, off=2),
     UnsupportedOption("--moe-expert-parallel-size", _MOE, off=1),
-    UnsupportedOption("--moe-train-capacity-factor", _MOE, off=1.0, value_type=float),
-    UnsupportedOption("--moe-eval-capacity-factor", _MOE, off=1.0, value_type=float),
-    UnsupportedOption("--moe-min-capacity", _MOE, off=4),
-    UnsupportedOption("--moe-loss-coeff", _MOE, off=0.1, value_type=float),
     UnsupportedOption("--ds-sequence-parallel-size", _ULYSSES, off=1),
     UnsupportedOption("--wandb-project", "Weights & Biases logging", off="", value_type=str),
     UnsupportedOption("--wandb-exp-name", "Weights & Biases logging", off="", value_type=str),
     UnsupportedOption("--wandb-save-dir", "Weights & Biases logging", off="", value_type=str),
     UnsupportedOption("--remote-device", "ZeRO-3 parameter offload", off="none", value_type=str,
                       choices=("none", "cpu", "nvme")),
-    UnsupportedOption("--timing-log-level", "upstream's per-operation timers", off=0, choices=(0, 1, 2)),
     UnsupportedOption("--transformer-impl", "Transformer Engine", off="local", value_type=str,
                       choices=("local", "transformer_engine")),
 )
 
 # feature -> flags; any use of one of them stops the run.
 _REFUSED_BY_FEATURE = {
-    _MOE: ("--disable-moe-token-dropping", "--create-moe-param-group", "--disable-moe-top2-2nd-expert-sampling",
-           "--use-tutel", "--enable-expert-tensor-parallelism", "--num-experts-switch"),
+    _MOE: ("--num-experts-switch",),
     "Megatron-LM sequence parallelism": ("--sequence-parallel",),
     _ULYSSES: ("--force-ds-sequence-parallel", "--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-fpdt-chunk-size",
                "--ds-sequence-parallel-fpdt-offloading"),
@@ -123,7 +157,27 @@ _REFUSED_BY_FEATURE = {
     "per-replica random initialisation": ("--data-parallel-random-init",),
     "upstream's torch profiler (this fork profiles FLOPs with --profile-flops-step)": (
         "--profile", "--profile_steps", "--profile-ranks"),
-    "counting zeros in gradients": ("--log-num-zeros-in-grad",),
+    "DeepSpeed universal checkpoints": ("--universal-checkpoint",),
+    "taking the model's flags from the checkpoint (--use-checkpoint-args; give the flags)": (
+        "--use-checkpoint-args",),
+    "encoder-decoder (T5) shapes (give --num-layers and --seq-length)": (
+        "--encoder-num-layers", "--decoder-num-layers", "--encoder-seq-length", "--decoder-seq-length"),
+    "separate train/valid/test data paths (give --data-path and --split)": (
+        "--train-data-path", "--valid-data-path", "--test-data-path"),
+    "prebuilt dataset index files": (
+        "--train-desc-path", "--train-doc-idx-path", "--train-idx-path", "--train-sample-idx-path",
+        "--train-shuffle-idx-path", "--train-data-exact-num-epochs", "--return-data-index"),
+    "Azure ML data download": ("--aml-data-download-path",),
+    "a repeating data loader": ("--repeated-dataloader",),
+    "the NullTokenizer's --vocab-size": ("--vocab-size",),
+    "resetting position ids and attention masks at document ends": ("--reset-position-ids",
+                                                                    "--reset-attention-mask"),
+    "masking end-of-document tokens out of the loss": ("--eod-mask-loss",),
+    "LayerNorm variants (1p, residual after the norm)": ("--apply-layernorm-1p",
+                                                         "--apply-residual-connection-post-layernorm"),
+    "activation variants (OpenAI GELU, squared ReLU)": ("--openai-gelu", "--squared-relu"),
+    "Xavier-uniform initialisation": ("--init-method-xavier-uniform",),
+    "fp32 embedding weights under bf16": ("--embedding-weights-in-fp32",),
     "memory logging to TensorBoard": ("--log-memory-to-tensorboard",),
     "saving and exiting on SIGTERM": ("--exit-signal-handler",),
     "a kill-switch file": ("--kill-switch-file",),
@@ -145,7 +199,7 @@ _REFUSED_BY_FEATURE = {
         "--indexer-batch-size", "--indexer-log-interval"),
     "vision models": (
         "--num-classes", "--img-h", "--img-w", "--num-channels", "--patch-dim", "--classes-fraction",
-        "--data-per-class-fraction", "--no-data-sharding", "--head-lr-mult", "--vision-pretraining",
+        "--data-per-class-fraction", "--head-lr-mult", "--vision-pretraining",
         "--vision-pretraining-type", "--vision-backbone-type", "--swin-backbone-type", "--mask-type", "--mask-factor",
         "--iter-per-epoch", "--dino-local-img-size", "--dino-local-crops-number", "--dino-head-hidden-size",
         "--dino-bottleneck-size", "--dino-freeze-last-layer", "--dino-norm-last-layer", "--dino-warmup-teacher-temp",

@@ -12,10 +12,17 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(scope="session")
-def pp2_tp2_plain_run(tmp_path_factory):
+def pp2_tp2_run_dir(tmp_path_factory):
+    """The directory of pp2_tp2_plain_run; its checkpoints (iterations 10 and 20) are in `ckpt/`."""
+    return tmp_path_factory.mktemp("pp2_tp2_plain")
+
+
+@pytest.fixture(scope="session")
+def pp2_tp2_plain_run(pp2_tp2_run_dir):
     """(process, {iteration: loss}) of 20 unprofiled pp2 x tp2 iterations with activation checkpointing:
     shared by the fork's training test and the profiler's bitwise-identical-losses test."""
-    tmp = tmp_path_factory.mktemp("pp2_tp2_plain")
-    process, losses = launch.run_pretrain(tmp, 4, PP2_TP2_CKPT, name="plain")
+    # Saving reads the generators and changes nothing; the upstream-format resume test loads iteration 10.
+    saving = ["--save", pp2_tp2_run_dir / "ckpt", "--save-interval", "10"]
+    process, losses = launch.run_pretrain(pp2_tp2_run_dir, 4, PP2_TP2_CKPT + saving, name="plain")
     assert process.returncode == 0, launch.explain(process)
     return process, losses

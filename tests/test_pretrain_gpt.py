@@ -1,11 +1,14 @@
 """The fork end to end: pretrain_gpt.py under the deepspeed launcher, several CPU processes over gloo."""
+import re
 import shutil
 
 import pytest
 import torch
 
-from tests.helpers.flags import SCHEDULE, layout
+from megatron.core.enums import ModelType
+from tests.helpers.flags import PP2_TP2_CKPT, SCHEDULE, layout
 from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.upstream_checkpoint import write_upstream_checkpoint
 
 pytestmark = pytest.mark.launch
 
@@ -84,14 +87,89 @@ def test_checkpoint_has_upstream_layout_and_client_state(pp2_tp1_straight):
         f"layer_{index:02d}-model_00-model_states.pt" for index in range(1, 7)}
     assert "mp_rank_00_model_states.pt" in names
     state = torch.load(checkpoints / "global_step10" / "mp_rank_00_model_states.pt", weights_only=False)
-    for key in ("args", "checkpoint_version", "iteration", "tokens", "random_rng_state", "np_rng_state",
-                "torch_rng_state", "rng_tracker_states", "lr_scheduler"):
+    for key in ("args", "checkpoint_version", "iteration", "tokens", "rng_state", "lr_scheduler"):
         assert key in state, key
+    # Upstream's RNG layout: a list with one dict (one per data-parallel rank only with
+    # --data-parallel-random-init, refused here); the CPU's generator stands in for CUDA's, as upstream's.
+    assert isinstance(state["rng_state"], list) and len(state["rng_state"]) == 1
+    assert list(state["rng_state"][0]) == ["random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state",
+                                           "rng_tracker_states"]
+    assert state["rng_state"][0]["rng_tracker_states"]  # upstream refuses an empty one
+    assert state["args"].model_type is ModelType.encoder_or_decoder
+    # Upstream unpickles args with its own megatron package: no value of a class only this fork has.
+    modules = {type(value).__module__ for value in vars(state["args"]).values()}
+    assert {module for module in modules if module != "builtins" and not module.startswith(("torch", "megatron.core."))
+            } == set(), modules
+    # No torch Adam/AdamW switch in the groups (it would turn upstream's CPU Adam into AdamW on resume).
+    groups = state["optimizer"]["param_groups"]
+    assert [group["name"] for group in groups] == ["wd_no_scale_lr", "no_wd_no_scale_lr"]
+    assert all("decoupled_weight_decay" not in group for group in groups)
     assert (state["iteration"], state["checkpoint_version"]) == (10, 3.0)
     micro_batches = 8  # 4 micro-batches of 2
     assert state["args"].consumed_train_samples == 10 * micro_batches
     assert state["tokens"] == 10 * micro_batches * state["args"].seq_length
     assert state["lr_scheduler"]["num_steps"] == 10 * micro_batches
+
+
+def test_upstream_written_checkpoint_resumes_with_no_flag(tmp_path, pp2_tp1_straight):
+    """Iteration 5 rewritten in upstream's client-state format (tests/helpers/upstream_checkpoint.py): the
+    resumed run is bitwise the uninterrupted one. Weight decay is on (0.01), so the saved groups' torch-Adam
+    switch would show if it replaced this run's AdamW."""
+    checkpoints, straight_losses = pp2_tp1_straight
+    write_upstream_checkpoint(checkpoints, tmp_path / "upstream_ckpt", 5)
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", tmp_path / "upstream_ckpt"]
+    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="from_upstream")
+    assert resumed.returncode == 0, explain(resumed)
+    assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
+
+
+def test_upstream_written_tp2_pp2_checkpoint_resumes_with_no_flag(tmp_path, pp2_tp2_plain_run, pp2_tp2_run_dir):
+    """The same on tp 2 x pp 2 (four mp_rank files, each its own RNG tracker state), from iteration 10."""
+    process, plain_losses = pp2_tp2_plain_run
+    write_upstream_checkpoint(pp2_tp2_run_dir / "ckpt", tmp_path / "upstream_ckpt", 10)
+    flags = PP2_TP2_CKPT + ["--load", tmp_path / "upstream_ckpt"]
+    resumed, resumed_losses = run_pretrain(tmp_path, 4, flags, name="from_upstream")
+    assert resumed.returncode == 0, explain(resumed)
+    assert resumed_losses == {i: plain_losses[i] for i in range(11, 21)}
+
+
+def test_partitioned_activations_reach_deepspeed_and_change_nothing(tmp_path, pp2_tp2_plain_run):
+    """--partition-activations at tp 2: DeepSpeed splits each checkpointed layer input over the tensor ranks
+    and gathers it back to recompute: the losses are bitwise the plain run's."""
+    _, plain_losses = pp2_tp2_plain_run
+    flags = PP2_TP2_CKPT + ["--train-iters", "3", "--partition-activations"]  # the last --train-iters counts
+    process, losses = run_pretrain(tmp_path, 4, flags, name="partitioned")
+    assert process.returncode == 0, explain(process)
+    assert losses == {i: plain_losses[i] for i in (1, 2, 3)}
+
+
+def test_load_tag_resumes_the_named_checkpoint(tmp_path, pp2_tp1_straight):
+    """`latest` names global_step10; --load-tag global_step5 resumes there, bitwise the uninterrupted run."""
+    checkpoints, straight_losses = pp2_tp1_straight
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", checkpoints, "--load-tag", "global_step5"]
+    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="tagged")
+    assert resumed.returncode == 0, explain(resumed)
+    assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
+
+
+def test_finetune_loads_the_weights_and_starts_at_iteration_1(tmp_path, pp2_tp1_straight):
+    """--finetune: the weights of iteration 10, a fresh optimizer and schedule, counted from iteration 0
+    (so the first batch is the uninterrupted run's first, now seen by trained weights)."""
+    checkpoints, straight_losses = pp2_tp1_straight
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--load", checkpoints, "--finetune"]
+    process, losses = run_pretrain(tmp_path, 2, flags, name="finetune")
+    assert process.returncode == 0, explain(process)
+    assert "for fine-tuning, starting at iteration 0" in process.stdout
+    assert sorted(losses) == [1, 2] and losses[1] < straight_losses[1] - 0.1, (losses, straight_losses)
+
+
+def test_num_zeros_in_grad_is_logged(tmp_path):
+    """--log-num-zeros-in-grad: upstream's `num zeros` field after `grad norm`, a whole count of elements."""
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--log-num-zeros-in-grad"]
+    process, _ = run_pretrain(tmp_path, 2, flags, name="zeros")
+    assert process.returncode == 0, explain(process)
+    counts = re.findall(r"\| grad norm: [0-9.]+ \| num zeros: ([0-9.]+) \|", process.stdout)
+    assert len(counts) == 2 and all(float(count).is_integer() for count in counts), explain(process)
 
 
 def test_checkpoint_of_another_shape_is_refused_in_one_line(tmp_path, pp2_tp1_straight):

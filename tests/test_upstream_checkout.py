@@ -204,3 +204,76 @@ def test_upstream_recompute_follows_deepspeeds_chunk_rule(workdir):
     assert report["totals"]["analytic_flops"] == report["totals"]["fwd_flops"] * 3 + layer_fwd
     assert report["recompute_note"].startswith("activation checkpointing recomputes 1 of 4 transformer layers (2; "
                                                "not 1, 3, 4)")
+
+
+# Checkpoints both ways. Weight decay 0 and clipping off: upstream's CPU optimizer is torch Adam (L2 decay)
+# and DeepSpeed clips by its own pipeline norm, ours is AdamW clipping by the true global norm; without
+# either, one Adam step is the same arithmetic on both sides. The two model codes still round differently
+# (upstream's CPU attention is baddbmm + softmax, ours SDPA): the same state gives losses equal to the last
+# bit or one fp32 ulp apart (measured), while a wrong data position or learning rate moves them by 1e-4 or
+# more. Hence rel 1e-6 across the two codes.
+# Measured exact against the October 2024 tree (6acc370a). Upstream's current main (4efb479d) fails the loss
+# comparison by ~2e-3 in both directions, and not because of the checkpoint: the same checkpoint of ours,
+# resumed by 6acc370a, gives bitwise our own resume's losses, and resumed by 4efb479d other ones; its model
+# computes differently on a CPU (not investigated).
+# Dropout is off: which dropout draws come from which generator is each code's own (upstream's October 2024
+# tree and this fork agree at tp 1, upstream's current main does not, and on a CPU upstream's tensor rank 0
+# alone draws its data loader's seed from the dropout generator). With it off, the continuation checks the
+# weights, optimizer moments, scheduler and data position; the RNG state's format is checked by the files
+# (tests/test_pretrain_gpt.py) and by each side loading the other's without a flag.
+RESUME_FLAGS = ["--train-iters", 7, "--lr-decay-style", "linear", "--lr-decay-iters", 20, "--lr-warmup-iters", 2,
+                "--weight-decay", 0]
+SAVE_AT = 5
+
+
+def noclip_config(root):
+    config = root / "ds_noclip.json"
+    config.write_text(json.dumps({"train_batch_size": GLOBAL_BATCH, "train_micro_batch_size_per_gpu": 1,
+                                  "steps_per_print": 1000, "gradient_clipping": 0.0,
+                                  "zero_optimization": {"stage": 0}}))
+    return config
+
+
+def run_upstream_resume(workdir, name, pp, tp, extra):
+    noclip_config(workdir[0])
+    return run_upstream(workdir, name, pp, tp, via_module=False, extra=RESUME_FLAGS + list(extra),
+                        config="ds_noclip.json")
+
+
+def run_fork_resume(workdir, name, pp, tp, extra):
+    root, data_prefix = workdir
+    record = root / f"{name}_losses.jsonl"
+    args = model_flags(pp, tp, data_prefix, noclip_config(root)) + RESUME_FLAGS + list(extra) + [
+        "--loss-record-file", record]
+    process = launch(REPO / "pretrain_gpt.py", pp * tp, args, cwd=root, timeout=600)
+    return process, read_losses(record)
+
+
+@pytest.mark.parametrize("pp, tp", [(2, 1), (2, 2)], ids=["pp2", "tp2xpp2"])
+def test_checkpoints_resume_on_the_other_side(workdir, pp, tp):
+    """Each side saves at iteration 5 (--exit-interval) and resumes to 7, from its own checkpoint and from the
+    other side's, with no flag: the other side's resume gives bitwise the losses of the writer's own resume."""
+    root = workdir[0]
+    name = f"ckpt_pp{pp}tp{tp}"
+    saving = ["--save-interval", SAVE_AT, "--exit-interval", SAVE_AT]
+    dropout = ["--hidden-dropout", 0, "--attention-dropout", 0]
+    up_dir, fork_dir = root / f"{name}_upstream", root / f"{name}_fork"
+    process, _ = run_upstream_resume(workdir, f"{name}_up_save", pp, tp, dropout + saving + ["--save", up_dir])
+    assert process.returncode == 0 and (up_dir / f"global_step{SAVE_AT}").is_dir(), explain(process)
+    process, _ = run_fork_resume(workdir, f"{name}_fork_save", pp, tp, dropout + saving + ["--save", fork_dir])
+    assert process.returncode == 0 and (fork_dir / f"global_step{SAVE_AT}").is_dir(), explain(process)
+
+    resumed = {}
+    for writer, directory in (("upstream", up_dir), ("fork", fork_dir)):
+        for reader, run in (("upstream", run_upstream_resume), ("fork", run_fork_resume)):
+            process, losses = run(workdir, f"{name}_{reader}_from_{writer}", pp, tp, dropout + ["--load", directory])
+            assert process.returncode == 0, explain(process)
+            assert sorted(losses) == [6, 7], explain(process)
+            resumed[reader, writer] = losses
+    print(json.dumps({f"{reader} from {writer}": {i: loss.hex() for i, loss in losses.items()}
+                      for (reader, writer), losses in resumed.items()}))
+    for writer in ("upstream", "fork"):
+        for iteration in (6, 7):
+            assert resumed["fork", writer][iteration] == pytest.approx(
+                resumed["upstream", writer][iteration], rel=1e-6, abs=0), (
+                writer, iteration, "upstream's current main computes other losses on CPU (see above)")

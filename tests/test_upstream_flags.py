@@ -449,12 +449,13 @@ def test_log_line_fields_in_upstream_order():
     line = TrainingLogLine(iteration=3, train_iters=5, consumed_samples=24, consumed_tokens=384,
                            seconds_per_iteration=0.5, learning_rate=1e-3, global_batch_size=8, lm_loss=5.25,
                            loss_scale=2048.0, grad_norm=1.5, params_norm=12.0, actual_seqlen=16, skipped_iterations=1,
-                           nan_iterations=0, rates=throughput(args, 0.5)).format()
+                           nan_iterations=0, rates=throughput(args, 0.5), num_zeros=7.0).format()
     names = [part.strip().rsplit(":", 1)[0] for part in line.strip().rstrip("|").split(" | ")]
     assert names[0].startswith("iteration") and names[1:] == list(FIELD_ORDER[1:])
     assert line.startswith(" iteration        3/       5 | consumed samples:           24 | consumed tokens:"
                            "          384 | elapsed time per iteration (ms): 500.0 | learning rate: 1.000E-03 |"
                            " global batch size:     8 | lm loss: 5.250000E+00 | loss scale: 2048.0 | grad norm: 1.500 |"
+                           " num zeros: 7.0 |"
                            " params norm: 12.000 | actual seqlen:    16 | number of skipped iterations:   1 |"
                            " number of nan iterations:   0 | samples per second: 16.000 |"
                            " tokens per gpu per second (tgs): 256.000 | TFLOPs: ")
@@ -479,3 +480,138 @@ def test_interval_stats_count_skipped_and_nan_iterations():
     assert stats.mean_loss == 3.0  # skipped iterations' losses are left out, as upstream
     assert IntervalStats().mean_loss is None
 
+
+
+# ------------------------------------------------------------------------------------- upstream's whole flag list
+UPSTREAM_FLAG_LIST = REPO / "tests" / "data" / "upstream_argument_flags.txt"
+
+
+def upstream_flag_list():
+    lines = UPSTREAM_FLAG_LIST.read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def sample_value(action):
+    """A value of the flag's type, to give a valued flag (invalid values must fail in one line too)."""
+    if action.choices:
+        return str(list(action.choices)[0])
+    if action.default not in (None, True, False) and not isinstance(action.default, list):
+        return str(action.default)
+    if action.type is float:
+        return "0.5"
+    return "1" if action.type is int else "x"
+
+
+def test_every_upstream_flag_is_known_and_never_unrecognized(gpt_125m, monkeypatch, capsys):
+    """Each of upstream's flags, given alone on top of the 125M script: it parses (a no-op one is named in
+    the start-up note) or stops with one line and exit 2 naming it; never "unrecognized arguments"."""
+    from megatron import upstream_flags
+
+    flags = upstream_flag_list()
+    assert len(flags) > 300
+    known = build_parser()._option_string_actions
+    refused_by_name = set(upstream_flags.UNSUPPORTED_FLAGS) | set(upstream_flags._DEPRECATED)
+    assert sorted(flag for flag in flags if flag not in known and flag not in refused_by_name) == []
+    no_ops = {flag: entry.flags[0] for entry in NO_OPS for flag in entry.flags}  # an alias: the note's name
+    outcomes = {}
+    for flag in flags:
+        if flag in ("--local-rank", "--local_rank"):
+            continue  # the launcher's own
+        argv = list(gpt_125m)
+        if flag in known:
+            action = known[flag]
+            argv += [flag] if action.nargs == 0 else [flag, sample_value(action)]
+        else:
+            argv += [flag, "1"]
+        try:
+            args = parses(argv)
+        except SystemExit as error:
+            lines = capsys.readouterr().err.splitlines()
+            assert error.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (flag, lines)
+            assert "unrecognized arguments" not in lines[0], flag
+            outcomes[flag] = "refused"
+            if flag in refused_by_name:
+                assert lines[0].startswith(f"error: {flag}"), (flag, lines)
+            continue
+        outcomes[flag] = "parsed"
+        if flag in no_ops:
+            assert any(f"{no_ops[flag]} (" in note for note in args.start_up_notes), flag
+    assert set(flag for flag, outcome in outcomes.items() if outcome == "refused") >= \
+        refused_by_name & set(flags)
+
+
+# ------------------------------------------------------------------------------------- honest meanings
+def test_activation_checkpointing_section_and_flags_reach_deepspeed(tmp_path, gpt_125m, monkeypatch, capsys):
+    """The config's activation_checkpointing section decides; a given flag turns its option on (tp 2 here)."""
+    from megatron.arguments import ActivationCheckpointing
+
+    config = json.loads(gpt_125m_ds_config(tmp_path / "c.json").read_text())
+    config["activation_checkpointing"] = {"partition_activations": True, "profile": True}
+    (tmp_path / "ac.json").write_text(json.dumps(config))
+    argv = list(gpt_125m)
+    argv[argv.index("--deepspeed_config") + 1] = str(tmp_path / "ac.json")
+    args = parses(argv + ["--synchronize-each-layer"])
+    assert args.activation_checkpointing == ActivationCheckpointing(
+        partition_activations=True, contiguous_checkpointing=False, checkpoint_in_cpu=False, synchronize=True,
+        profile=True)
+    assert parses(gpt_125m).activation_checkpointing == ActivationCheckpointing(False, False, False, False, False)
+    line = one_line_exit_2(gpt_125m + ["--contigious-checkpointing"], WORLD, monkeypatch, capsys)
+    assert line.startswith("error: contiguous activation checkpointing (--contigious-checkpointing) needs "
+                           "partitioned activations")
+
+
+def test_partitioned_activations_at_tp1_say_they_split_nothing(gpt_125m):
+    argv = list(gpt_125m)
+    argv[argv.index("--tensor-model-parallel-size") + 1] = "1"
+    args = parses(argv + ["--partition-activations"], world_size=2)
+    assert args.activation_checkpointing.partition_activations
+    assert "> partitioned activations: tensor-parallel size 1, so there is nothing to split; each rank keeps " \
+           "its whole checkpointed activations" in args.start_up_notes
+
+
+def test_checkpoint_and_data_flags(tmp_path, gpt_125m, monkeypatch, capsys):
+    args = parses(without_flags(gpt_125m, ["--save"]) + ["--save-interval", "7"])  # upstream: nothing is saved
+    assert (args.save, args.save_interval) == (None, 7)
+    args = parses(gpt_125m + ["--no-save-rng", "--no-load-rng", "--finetune", "--dataloader-type", "single",
+                              "--rotary-position-embeddings-theta", "500000", "--no-position-embedding"])
+    assert (args.no_save_rng, args.no_load_rng, args.finetune, args.rope_theta, args.add_position_embedding) == (
+        True, True, True, 500000, False)
+    line = one_line_exit_2(gpt_125m + ["--dataloader-type", "cyclic"], WORLD, monkeypatch, capsys)
+    assert line.startswith("error: --dataloader-type cyclic: a data loader reshuffling every epoch")
+    line = one_line_exit_2(gpt_125m + ["--load", tmp_path, "--load-tag", "global_step9"], WORLD, monkeypatch, capsys)
+    assert line == f"error: --load-tag global_step9: no such checkpoint in {tmp_path}"
+
+
+def test_deepscale_config_is_the_deepspeed_config(gpt_125m):
+    argv = list(gpt_125m)
+    argv[argv.index("--deepspeed_config")] = "--deepscale_config"
+    args = parses(argv)
+    assert args.deepspeed_config == gpt_125m[gpt_125m.index("--deepspeed_config") + 1]
+    assert args.deepspeed_config_dict == parses(gpt_125m).deepspeed_config_dict
+
+
+def test_checkpoint_without_rng_state_needs_no_load_rng(tmp_path, gpt_125m, monkeypatch, capsys):
+    """As upstream: a checkpoint saved with --no-save-rng resumes only with --no-load-rng (said at start)."""
+    from argparse import Namespace
+
+    (tmp_path / "global_step5").mkdir()
+    torch.save({"args": Namespace(), "iteration": 5}, tmp_path / "global_step5" / "mp_rank_00_model_states.pt")
+    (tmp_path / "latest").write_text("global_step5")
+    line = one_line_exit_2(gpt_125m + ["--load", tmp_path], WORLD, monkeypatch, capsys)
+    assert line == (f"error: --load {tmp_path}: checkpoint global_step5 holds no RNG state (saved with "
+                    f"--no-save-rng): give --no-load-rng to resume without it")
+    assert parses(gpt_125m + ["--load", tmp_path, "--no-load-rng"]).no_load_rng
+
+
+def test_model_type_unpickles_at_upstreams_path():
+    """Upstream pickles args.model_type by reference: module megatron.core.enums, class ModelType, member name."""
+    import pickle
+
+    from megatron.core.enums import ModelType
+
+    assert {member.name: member.value for member in ModelType} == {
+        "encoder_or_decoder": 1, "encoder_and_decoder": 2, "retro_encoder": 3, "retro_decoder": 4}
+    data = pickle.dumps(ModelType.encoder_or_decoder, protocol=2)
+    assert b"megatron.core.enums" in data and b"ModelType" in data
+    assert pickle.loads(data) is ModelType.encoder_or_decoder
+    assert parses(BASE + ["--train-iters", "5"], world_size=1).model_type is ModelType.encoder_or_decoder

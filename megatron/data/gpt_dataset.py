@@ -23,16 +23,17 @@ SPLIT_NAMES = ("train", "valid", "test")
 
 
 def build_train_valid_test_datasets(data_prefix, splits_string, train_valid_test_num_samples, seq_length, seed,
-                                    skip_warmup=True):
+                                    skip_warmup=True, cache_dir=None):
     """data_prefix: [prefix] or [w1, prefix1, w2, prefix2, ...]. Returns (train, valid, test); a split
-    with no documents is None."""
+    with no documents is None. cache_dir (--data-cache-path): where the index files go instead of beside
+    the data."""
     if len(data_prefix) == 1:
         return _build_for_prefix(data_prefix[0], splits_string, train_valid_test_num_samples, seq_length, seed,
-                                 skip_warmup)
+                                 skip_warmup, cache_dir)
     prefixes, weights = parse_blend(data_prefix)
     per_prefix = [
         _build_for_prefix(prefix, splits_string, blend_num_samples(train_valid_test_num_samples, weight),
-                          seq_length, seed, skip_warmup)
+                          seq_length, seed, skip_warmup, cache_dir)
         for prefix, weight in zip(prefixes, weights)
     ]
     blends = []
@@ -42,7 +43,7 @@ def build_train_valid_test_datasets(data_prefix, splits_string, train_valid_test
     return tuple(blends)
 
 
-def _build_for_prefix(prefix, splits_string, num_samples, seq_length, seed, skip_warmup):
+def _build_for_prefix(prefix, splits_string, num_samples, seq_length, seed, skip_warmup, cache_dir):
     indexed = MMapIndexedDataset(prefix, skip_warmup=skip_warmup)
     bounds = split_boundaries(splits_string, len(indexed))
     print_rank_0(f" > {prefix}: {len(indexed)} documents, split {splits_string} -> "
@@ -51,7 +52,8 @@ def _build_for_prefix(prefix, splits_string, num_samples, seq_length, seed, skip
     for i, name in enumerate(SPLIT_NAMES):
         if bounds[i + 1] > bounds[i]:
             documents = np.arange(bounds[i], bounds[i + 1], dtype=np.int32)
-            datasets.append(GPTDataset(name, prefix, documents, indexed, num_samples[i], seq_length, seed))
+            datasets.append(GPTDataset(name, prefix, documents, indexed, num_samples[i], seq_length, seed,
+                                       cache_dir))
         else:
             datasets.append(None)
     return tuple(datasets)
@@ -60,14 +62,14 @@ def _build_for_prefix(prefix, splits_string, num_samples, seq_length, seed, skip
 class GPTDataset(torch.utils.data.Dataset):
     """Samples of seq_length + 1 tokens (inputs and shifted labels) over `documents` of an indexed dataset."""
 
-    def __init__(self, name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed):
+    def __init__(self, name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed, cache_dir=None):
         if len(documents) == 0 or documents.min() < 0 or documents.max() >= len(indexed_dataset):
             raise ValueError(f"{name}: documents must be a non-empty range within the {len(indexed_dataset)} "
                              f"documents of {data_prefix}")
         self.name = name
         self.indexed_dataset = indexed_dataset
         self.doc_idx, self.sample_idx, self.shuffle_idx = _index_mappings(
-            name, data_prefix, documents, indexed_dataset.sizes, num_samples, seq_length, seed)
+            name, data_prefix, documents, indexed_dataset.sizes, num_samples, seq_length, seed, cache_dir)
 
     def __len__(self):
         # sample i runs from sample_idx[i] to sample_idx[i + 1], hence one fewer sample than rows
@@ -88,13 +90,14 @@ class GPTDataset(torch.utils.data.Dataset):
         return {"text": np.array(tokens, dtype=np.int64)}
 
 
-def index_file_stem(data_prefix, name, documents, num_samples, seq_length, seed):
-    return (f"{data_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_"
+def index_file_stem(data_prefix, name, documents, num_samples, seq_length, seed, cache_dir=None):
+    base = os.path.join(cache_dir, os.path.basename(data_prefix)) if cache_dir else data_prefix
+    return (f"{base}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_"
             f"{int(documents[0])}-{int(documents[-1]) + 1}docs")
 
 
-def _index_mappings(name, data_prefix, documents, sizes, num_samples, seq_length, seed):
-    stem = index_file_stem(data_prefix, name, documents, num_samples, seq_length, seed)
+def _index_mappings(name, data_prefix, documents, sizes, num_samples, seq_length, seed, cache_dir):
+    stem = index_file_stem(data_prefix, name, documents, num_samples, seq_length, seed, cache_dir)
     paths = [f"{stem}_{kind}_idx.npy" for kind in ("doc", "sample", "shuffle")]
     if all(os.path.exists(p) for p in paths):
         print_rank_0(f" > {name}: loading cached indices {stem}_*_idx.npy")
@@ -112,6 +115,8 @@ def _index_mappings(name, data_prefix, documents, sizes, num_samples, seq_length
     first_shuffle_size = (sample_index.samples_before_last_epoch(epochs, tokens_per_epoch, seq_length)
                           if separate_last else total)
     shuffle_idx = sample_index.build_shuffle_idx(first_shuffle_size, total, rng)
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
     for path, array in zip(paths, (doc_idx, sample_idx, shuffle_idx)):
         _save_atomically(path, array)
     print_rank_0(f" > {name}: built indices for {total} samples ({epochs} epochs of {tokens_per_epoch} tokens, "

@@ -20,7 +20,7 @@ class Embedding(torch.nn.Module):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 args.padded_vocab_size, args.hidden_size, init_method=init_method)
             self.position_embeddings = None
-            if not args.use_rotary_position_embeddings:
+            if args.add_position_embedding and not args.use_rotary_position_embeddings:
                 self.position_embeddings = torch.nn.Embedding(args.max_position_embeddings, args.hidden_size)
                 init_method(self.position_embeddings.weight.data)
         self.embedding_dropout = torch.nn.Dropout(args.hidden_dropout)

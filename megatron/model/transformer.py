@@ -106,7 +106,7 @@ class ParallelAttention(torch.nn.Module):
             init_method=init_method)
         self.rotary = None
         if args.use_rotary_position_embeddings:
-            self.rotary = RotaryEmbedding(int(args.kv_channels * args.rotary_percent))
+            self.rotary = RotaryEmbedding(int(args.kv_channels * args.rotary_percent), base=args.rope_theta)
         self.attention_dropout = args.attention_dropout
         self.core_attention = None
         if args.recompute_granularity == "selective":

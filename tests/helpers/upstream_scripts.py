@@ -204,15 +204,14 @@ def llama2_args(data_path, tokenizer_model, checkpoint_path, ds_config, backend=
 
 # Flags of upstream scripts this fork refuses, with the values the scripts pass, and a word of the
 # one-line refusal. The scripts: examples_deepspeed/MoE/ds_pretrain_gpt_125M_MoE64.sh (--num-experts),
-# MoE/ds_pretrain_gpt_*_PR-MoE*.sh (--mlp-type residual), examples/pretrain_gpt_distributed_with_mp.sh
-# (--sequence-parallel), sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh (--ds-sequence-parallel-size),
+# examples/pretrain_gpt_distributed_with_mp.sh (--sequence-parallel),
+# sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh (--ds-sequence-parallel-size),
 # examples/pretrain_gpt3_175B.sh (--rampup-batch-size), data_efficiency/gpt/pretrain/*_base_script.sh
 # (--random-ltd, --data-efficiency-curriculum-learning), pretrain_llama2_distributed.sh with LOG_TO_WANDB=1
 # (--wandb-project), compression/ds_pretrain_gpt_1.3B_dense_cl_kd.sh (--kd), examples/sc21/run_figure_12.sh
 # (--num-layers-per-virtual-pipeline-stage).
 UNSUPPORTED = [
     (["--num-experts", "4"], "mixture of experts (MoE)"),
-    (["--mlp-type", "residual"], "mixture of experts (MoE)"),
     (["--sequence-parallel"], "Megatron-LM sequence parallelism"),
     (["--ds-sequence-parallel-size", "2"], "DeepSpeed sequence parallelism"),
     (["--rampup-batch-size", "16", "16", "5859375"], "batch-size ramp-up"),

@@ -1,0 +1,1 @@
+"""Names upstream Megatron-DeepSpeed pickles into its checkpoints, so its checkpoints unpickle here."""
