@@ -4,12 +4,15 @@ Shared by every Megatron that profiles through the patch set (our GPT fork, and 
 through patches.megatron_upstream), so the same flag gives the same report and the same files.
 """
 import os
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
+import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.files import write_tensorboard_scalars
+from patches.profiler.perturbation import Perturbation, apply_perturbation
 from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
 
 StepResult = TypeVar("StepResult")
@@ -25,6 +28,11 @@ class StepProfileRequest:
     peak_tflops: Optional[float] = None
     activation_checkpointing: Optional[bool] = None  # None: the profiler reads it off a PipelineModule
     recompute_note: Optional[str] = None  # the report's line on layers recomputed short of the flags
+    # The unprofiled iterations' median wall time (IterationClock, the caller's loop) and which they were;
+    # None: the report's rates come from the profiled iteration itself.
+    unprofiled_iter_s: Optional[float] = None
+    unprofiled_iterations: Optional[List[int]] = None
+    log_line_flops: Optional[float] = None  # the training log line's FLOPs of one iteration (its formula)
 
     @property
     def json_path(self) -> str:
@@ -45,10 +53,17 @@ def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run
                                      activation_checkpointing=request.activation_checkpointing,
                                      recompute_note=request.recompute_note)
     profiler.start_profile()
+    start = time.time()  # the clock of the unprofiled iterations (IterationClock)
     try:
         result = run_step()
     finally:
+        profiled_s = time.time() - start
         profiler.stop_profile()
+    # Global rank 0's times, as rank 0 builds the report; every rank applies them to its copy of it.
+    perturbation = [Perturbation(profiled_s, request.unprofiled_iter_s, list(request.unprofiled_iterations or []),
+                                 request.log_line_flops)]
+    dist.broadcast_object_list(perturbation, src=0)
+    apply_perturbation(profiler.get_report(profile_step=request.step), perturbation[0])
     profiler.print_model_profile(profile_step=request.step)
     os.makedirs(request.output_dir, exist_ok=True)
     profiler.write_json(request.json_path)
