@@ -25,7 +25,7 @@ NOTES = {
     "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
     "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
     "perturbation": "perturbation = profiled iteration / median of the unprofiled iterations before it, both wall "
-                    "time around the train step on rank 0 (the training log line's clock); the rates below use the "
+                    "time (time.time()) around the train step on rank 0; the rates below use the "
                     "unprofiled time where the run measured one (unprofiled iter time), else iter latency",
     "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / unprofiled iter time (or iter "
                       "latency) / (pp * tp) / 1e12",
