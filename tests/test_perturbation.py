@@ -57,6 +57,9 @@ def test_rates_come_from_the_unprofiled_time(report):
     assert totals["samples_per_s"] == MICRO_BATCHES * MICRO_BATCH_SIZE * DP / UNPROFILED_S
     assert totals["tokens_per_s"] == totals["samples_per_s"] * SEQ
     assert totals["mfu"] == totals["model_tflops_per_gpu"] / PEAK
+    for stage in report["stages"]:
+        stage_flops = stage["fwd_flops"] + stage["bwd_flops"] + stage["recompute_flops"]
+        assert stage["tflops_per_gpu"] == stage_flops / UNPROFILED_S / TP / 1e12
     # what the profiled step measured stays as it was
     for field in ("iter_latency_s", "fwd_latency_s", "bwd_latency_s", "fwd_flops", "params"):
         assert totals[field] == profiled_rates[field]

@@ -41,7 +41,8 @@ NOTES = {
     "busy_share": "share = (fwd + bwd + step) / iter latency",
     "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
                   "(tied) has its params once and its flops, calls and latencies summed over stages",
-    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / iter latency / tp / 1e12",
+    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / unprofiled iter time (or "
+                    "iter latency) / tp / 1e12",
     "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
               "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
               "tp rank, "

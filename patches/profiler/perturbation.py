@@ -69,8 +69,8 @@ def apply_perturbation(report: dict, perturbation: Perturbation) -> dict:
     """Put `perturbation` in the report (in place) and take the totals' rates from the unprofiled time.
 
     report: build_report's dict. Sets report['perturbation'] and, where an unprofiled time is known,
-    recomputes totals' tflops_per_gpu, model_tflops_per_gpu, samples_per_s, tokens_per_s and mfu with it
-    (the formulas of build_report, with that time in place of iter latency)."""
+    recomputes totals' tflops_per_gpu, model_tflops_per_gpu, samples_per_s, tokens_per_s and mfu, and each
+    stage's tflops_per_gpu, with it (the formulas of build_report, with that time in place of iter latency)."""
     totals, par = report["totals"], report["parallelism"]
     pp, tp, dp, world = (par["pipeline_parallel_size"], par["tensor_parallel_size"], par["data_parallel_size"],
                          par["world_size"])
@@ -90,6 +90,9 @@ def apply_perturbation(report: dict, perturbation: Perturbation) -> dict:
         totals["tokens_per_s"] = totals["samples_per_s"] * seq if seq else None
         peak = totals.get("peak_tflops")
         totals["mfu"] = totals["model_tflops_per_gpu"] / peak if peak else None
+        for stage in report["stages"]:
+            stage_flops = stage["fwd_flops"] + stage["bwd_flops"] + stage["recompute_flops"]
+            stage["tflops_per_gpu"] = stage_flops / unprofiled / tp / 1e12
         if perturbation.log_line_flops is not None:
             out["log_line_tflops"] = perturbation.log_line_flops / (unprofiled * world) / 1e12
             out["log_line_note"] = log_line_note(out["log_line_tflops"], totals["tflops_per_gpu"],

@@ -192,11 +192,12 @@ def _stage_table(report):
                     + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
                                                           "comm_s", "other_s", "train_batch_latency_s")]
                     + [f"{100 * s['busy_share']:.2f}%", flops_rate_to_string(s["tflops_per_gpu"] * 1e12)])
+    time = "unprofiled iter time" if report["totals"].get("throughput_basis") == "unprofiled" else "iter latency"
     return (["", STAGE_TABLE_CAPTION]
             + _table(headers, rows)
             + ["  * bounds the iteration (largest fwd + bwd + step time); "
                "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
-               "flops) / iter latency / tp"])
+               f"flops) / {time} / tp"])
 
 
 def _bubble(report):
