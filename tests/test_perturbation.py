@@ -78,7 +78,7 @@ def test_log_line_tflops_beside_the_report_and_why_they_differ(report):
                                                                                       rel=1e-12)
     note = perturbation["log_line_note"]
     assert f"{LOG_LINE_FLOPS / measured:.4f}" in note and "backward = 2 x forward" in note
-    assert f"{perturbation['log_line_tflops']:.2f} TFLOPs" in note and f"{totals['tflops_per_gpu']:.2f}" in note
+    assert f"{perturbation['log_line_tflops']:.3g} TFLOPs" in note and f"{totals['tflops_per_gpu']:.3g}" in note
     text = format_report(report)
     assert "profiled iteration (wall, the train step):" in text
     assert "unprofiled iter time (median of iterations 2, same clock):" in text

@@ -103,8 +103,8 @@ def apply_perturbation(report: dict, perturbation: Perturbation) -> dict:
 
 def log_line_note(log_tflops: float, report_tflops: float, log_flops: float, measured_flops: int) -> str:
     """One line: why the log line's TFLOPs and the report's differ, at the same time and GPU count."""
-    return (f"the log line's {log_tflops:.2f} TFLOPs is Megatron-DeepSpeed's formula, {log_flops:.4g} FLOPs per "
+    return (f"the log line's {log_tflops:.3g} TFLOPs is Megatron-DeepSpeed's formula, {log_flops:.4g} FLOPs per "
             f"iteration of the global batch (backward = 2 x forward; under --checkpoint-activations one more forward "
-            f"of every layer; LM head included), over the same time and world size; the report's {report_tflops:.2f} "
+            f"of every layer; LM head included), over the same time and world size; the report's {report_tflops:.3g} "
             f"counts what the kernels executed, {measured_flops:.4g} FLOPs (every replica, fwd + bwd + recompute), "
             f"so they differ by exactly the ratio of the two counts, {log_flops / measured_flops:.4f}")

@@ -101,7 +101,7 @@ def _log_line_lines(report, line):
     perturbation = report.get("perturbation")
     if perturbation is None or perturbation.get("log_line_tflops") is None:
         return []
-    return [line("training log line's TFLOPs at the unprofiled iter time", f"{perturbation['log_line_tflops']:.2f}"),
+    return [line("training log line's TFLOPs at the unprofiled iter time", f"{perturbation['log_line_tflops']:.3g}"),
             line("why they differ", perturbation["log_line_note"])]
 
 
