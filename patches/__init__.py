@@ -51,8 +51,8 @@ def apply() -> None:
 
     if deepspeed.__version__ not in TESTED_DEEPSPEED:
         _say(untested_version_warning(deepspeed.__version__))
-    from patches import flops_profiler_config, pipeline_timers, section_timers
-    for patch in (section_timers, flops_profiler_config, pipeline_timers):
+    from patches import flops_profiler_class, flops_profiler_config, pipeline_timers, section_timers
+    for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class):
         missing = missing_attributes(patch.requires())
         if missing:
             _say(f"warning: patches: {patch.__name__} is not applied: DeepSpeed {deepspeed.__version__} has no "

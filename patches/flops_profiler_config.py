@@ -7,24 +7,29 @@ timer has already been started": _exec_backward_pass starts the backward timers,
 own backward prologue starts them again).
 
 What these patches change:
-1. The engine's own FlopsProfiler is never started (flops_profiler_enabled() is False); the
-   section is read directly from the engine's config instead, and engine.flops_profiler is our
-   PipelineFlopsProfiler (DeepSpeed's public methods and attributes, measured numbers) on every rank.
+1. The engine's own FlopsProfiler is never started (flops_profiler_enabled() is False; the start-up
+   log line still says whether the section is on); the section is read directly from the engine's
+   config instead, and engine.flops_profiler is a UserCodeFlopsProfiler (DeepSpeed's FlopsProfiler API,
+   measured numbers, safe on any subset of ranks) on every rank.
 2. PipelineEngine.train_batch, at the section's profile_step (DeepSpeed's meaning: the batch that
    starts when global_steps == profile_step), runs under PipelineFlopsProfiler on every rank of
-   every stage, then prints one gathered report from global rank 0, honouring module_depth,
-   top_modules, detailed and output_file.
+   every stage, then gathers one report at a point every rank passes (inside that train_batch) and
+   prints it from global rank 0, honouring module_depth, top_modules, detailed and output_file (an
+   output_file that cannot be written is one warning line on rank 0; training goes on on every rank).
 3. A plain DeepSpeedEngine (no pipeline) gets the same: profiling starts at the first forward of
    profile_step on every rank and ends, with the same report, when step() closes that step.
 (The wall-clock timer fixes are pipeline_timers.py and section_timers.py.)
 """
 import functools
+import sys
 
 import deepspeed.runtime.engine as ds_engine
+import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
+from patches.profiler.pipeline_profiler import ReportWriteError
 
 WHAT_IT_FIXES = "the flops_profiler section (and engine.flops_profiler)"
 
@@ -41,11 +46,12 @@ def requires():
     return [(DeepSpeedEngine, name) for name in ("flops_profiler_enabled", "flops_profiler_profile_step",
                                                  "autotuning_enabled", "wall_clock_breakdown", "forward", "step")] + \
         [(PipelineEngine, "train_batch"), (PipelineEngine, "_INSTRUCTION_MAP"), (PipelineEngine, "_exec_schedule"),
-         (ds_engine, "EngineTimers")]
+         (ds_engine, "EngineTimers"), (ds_engine, "log_dist")]
 
 
 def install():
     DeepSpeedEngine.__init__ = _with_flops_profiler(DeepSpeedEngine.__init__)
+    ds_engine.log_dist = _true_start_up_line(ds_engine.log_dist)
     DeepSpeedEngine.flops_profiler_enabled = _engine_profiler_never_enabled
     DeepSpeedEngine.forward = _profiling_forward(DeepSpeedEngine.forward)
     PipelineEngine.train_batch = _profiling_train_batch(PipelineEngine.train_batch)
@@ -61,17 +67,40 @@ def _with_flops_profiler(original_init):
     its own tests, the autotuner and user code read. Ours takes its place, on every rank."""
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
+        _engines_in_init.append(self)
+        try:
+            original_init(self, *args, **kwargs)
+        finally:
+            _engines_in_init.remove(self)
         if not wants_profiler(self):
             return
         check_section(self._config.flops_profiler_config)
-        from patches.profiler import PipelineFlopsProfiler
-        self.flops_profiler = PipelineFlopsProfiler(self)
+        from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
+        self.flops_profiler = UserCodeFlopsProfiler(self)
         if self.autotuning_enabled() and not self.wall_clock_breakdown():
             # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().
             self.engine_timers = ds_engine.EngineTimers(enable_micro_timers=False, enable_global_timers=True)
 
     return __init__
+
+
+# The engines whose __init__ is running (innermost last): the start-up log line belongs to the last.
+_engines_in_init = []
+START_UP_LINE = "DeepSpeed Flops Profiler Enabled: "
+
+
+def _true_start_up_line(original_log_dist):
+    """DeepSpeed's start-up line reads flops_profiler_enabled(), which these patches make False: it would say
+    'False' with the section on. The line says what the engine's config asks."""
+    @functools.wraps(original_log_dist)
+    def log_dist(message, *args, **kwargs):
+        if _engines_in_init and isinstance(message, str) and message.startswith(START_UP_LINE):
+            enabled = wants_profiler(_engines_in_init[-1])
+            message = START_UP_LINE + (f"{enabled} (served by the patches' pipeline-aware profiler)" if enabled
+                                       else "False")
+        return original_log_dist(message, *args, **kwargs)
+
+    return log_dist
 
 
 def check_section(section):
@@ -96,17 +125,24 @@ def _profiler_for_this_step(engine):
     if engine.global_steps != engine.flops_profiler_profile_step():
         return None
     profiler = engine.__dict__.get("flops_profiler")  # absent on an engine built before patches.apply()
-    return None if profiler is None or profiler.started else profiler
+    if profiler is None or engine.__dict__.get("flops_profiling_active"):  # user code is profiling this step
+        return None
+    return profiler
 
 
 def _print_and_end(engine, profiler):
+    """Collective: every rank of every stage profiled this step, and every rank is here."""
+    config = engine._config.flops_profiler_config
+    profiler.gather_report(config.profile_step)
     if engine.autotuning_enabled():
         _set_autotuning_metric(engine, profiler)
     else:
-        config = engine._config.flops_profiler_config
-        profiler.print_model_profile(profile_step=config.profile_step, module_depth=config.module_depth,
-                                     top_modules=config.top_modules, detailed=config.detailed,
-                                     output_file=config.output_file)
+        try:
+            profiler.print_gathered(module_depth=config.module_depth, top_modules=config.top_modules,
+                                    detailed=config.detailed, output_file=config.output_file)
+        except ReportWriteError as error:  # every rank has it: training goes on on every rank
+            if dist.get_rank() == 0:
+                print(f"warning: flops_profiler: {error}; training goes on", file=sys.stderr, flush=True)
     profiler.end_profile()
 
 
@@ -128,7 +164,7 @@ def _profiling_train_batch(original_train_batch):
         profiler = _profiler_for_this_step(self)
         if profiler is None:
             return original_train_batch(self, data_iter)
-        profiler.start_profile()
+        profiler.start_measuring()
         try:
             loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original
         finally:
@@ -147,7 +183,7 @@ def _profiling_forward(original_forward):
         profiler = None if isinstance(self, PipelineEngine) else _profiler_for_this_step(self)
         if profiler is None:
             return original_forward(self, *inputs, **kwargs)
-        profiler.start_profile()  # shadows forward, backward and step on this engine with timed ones
+        profiler.start_measuring()  # shadows forward, backward and step on this engine with timed ones
         timed_step = self.step
 
         def step(*args, **kwargs):

@@ -14,7 +14,7 @@ import runpy
 import sys
 from typing import List, Tuple
 
-from patches.errors import exit_with_one_line
+from patches.errors import PatchConfigError, exit_with_one_line
 
 USAGE = "usage: python -m patches.launch [--local_rank=N] SCRIPT.py [script arguments ...]"
 
@@ -49,7 +49,10 @@ def main(argv: List[str]) -> None:
 
     sys.argv = [script] + launcher + script_args
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except PatchConfigError as error:  # e.g. a flops_profiler key the profiler cannot honour: raised by the engine
+        exit_with_one_line(str(error))
 
 
 if __name__ == "__main__":

@@ -52,3 +52,11 @@ def test_report_scaling_quick_spawned(tmp_path):
     last = out.strip().splitlines()[-1]
     match = re.fullmatch(r"report bytes received by a non-zero rank, dp 8 over dp 1: (\d+\.\d\d)", last)
     assert match and float(match.group(1)) <= 1.10, last
+
+
+def test_idle_cost_quick_spawned(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "idle_cost.py"), "--quick"]
+    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    assert process.returncode == 0, explain(process)
+    lines = [line for line in process.stdout.strip().splitlines() if not line.startswith("[")]
+    assert re.fullmatch(r"patched idle / stock train_batch time ratio: \d+\.\d{3}", lines[-1]), explain(process)

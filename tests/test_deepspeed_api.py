@@ -75,3 +75,37 @@ def test_the_profiler_names_the_private_deepspeed_internals_an_engine_lacks():
     plain = EngineLayout(0, 0, 0, 1, 1, 1, is_pipeline=False)
     assert missing_internals(renamed, plain) == ["DeepSpeedEngine.forward", "DeepSpeedEngine.backward",
                                                  "DeepSpeedEngine.step"]
+
+
+def test_every_public_method_of_deepspeeds_flops_profiler_is_there_with_its_parameters():
+    """Code written against DeepSpeed's FlopsProfiler runs unchanged on ours (both classes)."""
+    import inspect
+
+    from deepspeed.profiling.flops_profiler import FlopsProfiler
+
+    from patches.profiler import PipelineFlopsProfiler
+    from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
+
+    public = [name for name, _ in inspect.getmembers(FlopsProfiler, inspect.isfunction) if not name.startswith("_")]
+    assert "print_model_aggregated_profile" in public and "is_expert_tensor_parallelism_enabled" in public
+    for ours in (PipelineFlopsProfiler, UserCodeFlopsProfiler):
+        for name in public:
+            theirs = list(inspect.signature(getattr(FlopsProfiler, name)).parameters)
+            assert list(inspect.signature(getattr(ours, name)).parameters)[:len(theirs)] == theirs, (ours, name)
+    assert issubclass(UserCodeFlopsProfiler, FlopsProfiler)
+
+
+def test_flops_profiler_of_a_plain_module_is_deepspeeds_own_after_apply():
+    """Only a PipelineEngine (or its PipelineModule) gets the pipeline-aware profiler; get_model_profile is stock."""
+    from deepspeed.profiling.flops_profiler import FlopsProfiler, get_model_profile
+
+    patches.apply()
+    model = _model()
+    prof = FlopsProfiler(model)
+    assert type(prof) is FlopsProfiler
+    prof.start_profile()
+    model(torch.randn(3, 4))
+    assert prof.get_total_params() == 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2
+    prof.end_profile()
+    flops, macs, params = get_model_profile(_model(), input_shape=(3, 4), print_profile=False, as_string=False)
+    assert (macs, params) == (3 * (4 * 8 + 8 * 8 + 8 * 2), 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2)

@@ -188,3 +188,24 @@ def test_the_one_line_edit_works_after_the_scripts_own_imports(tmp_path):
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
     assert process.stdout.strip().splitlines()[-2:] == ["flags 2", "True True"]
+
+
+@pytest.mark.launch
+def test_a_section_key_the_patched_engine_refuses_is_one_line_and_exit_2(tmp_path):
+    """DeepSpeedEngine.__init__ raises PatchConfigError (a ValueError: a library raises); the launch module,
+    the command line, turns it into one line and exit 2."""
+    from tests.helpers.launch import free_port
+
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2, '
+                      '"flops_profiler": {"enabled": true, "recompute_fwd_factor": 1.0}}')
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    script = REPO / "tests" / "scripts" / "plain_engine.py"
+    process = subprocess.run([sys.executable, "-m", "patches.launch", str(script), str(config)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2, process.stderr[-2000:]
+    errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: flops_profiler.recompute_fwd_factor 1 is not used: recompute FLOPs are measured "
+                      "(recompute_flops in the report); remove the key or set it to 0"], process.stderr[-2000:]
+    assert "Traceback" not in process.stderr

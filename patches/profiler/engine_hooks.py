@@ -90,8 +90,10 @@ class EngineHooks:
     """The instruction timer, the train_batch clock and the tied forward proxies of one engine."""
 
     def __init__(self, engine: DeepSpeedEngine, layout: EngineLayout, module_profiler: ModuleProfiler,
-                 synchronize: Callable[[], None]):
+                 synchronize: Callable[[], None], after_train_batch: Optional[Callable[[], None]] = None):
+        """after_train_batch: called once the timed train_batch has returned or raised (a PipelineEngine)."""
         self.engine = engine
+        self.after_train_batch = after_train_batch
         self.layout = layout
         self.module_profiler = module_profiler
         self.synchronize = synchronize
@@ -148,6 +150,8 @@ class EngineHooks:
             return _unpatched(type(self.engine).train_batch)(self.engine, *args, **kwargs)
         finally:
             self._train_batch_s += synchronized_clock(self.synchronize) - start
+            if self.after_train_batch is not None:
+                self.after_train_batch()
 
     def _credit_tied_forward_fns(self) -> None:
         module = self.engine.module

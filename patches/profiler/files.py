@@ -45,6 +45,12 @@ def write_json(report: dict, path: str, indent: Optional[int] = 2) -> None:
         raise
 
 
+def write_text(text: str, path: str) -> None:
+    """The printed report, to a file (the flops_profiler section's output_file)."""
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
 def write_trace(trace: dict, path: str) -> None:
     """Atomically, compact (a trace has many events)."""
     write_json(trace, path, indent=None)

@@ -4,6 +4,7 @@ Shared by every Megatron that profiles through the patch set (our GPT fork, and 
 through patches.megatron_upstream), so the same flag gives the same report and the same files.
 """
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, TypeVar
@@ -13,7 +14,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.files import write_tensorboard_scalars
 from patches.profiler.perturbation import Perturbation, apply_perturbation
-from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
+from patches.profiler.pipeline_profiler import PipelineFlopsProfiler, ReportWriteError
 
 StepResult = TypeVar("StepResult")
 
@@ -65,9 +66,13 @@ def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run
     dist.broadcast_object_list(perturbation, src=0)
     apply_perturbation(profiler.get_report(profile_step=request.step), perturbation[0])
     profiler.print_model_profile(profile_step=request.step)
-    os.makedirs(request.output_dir, exist_ok=True)
-    profiler.write_json(request.json_path)
-    profiler.write_trace(request.trace_path)
+    try:
+        # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
+        profiler.write_json(request.json_path)
+        profiler.write_trace(request.trace_path)
+    except ReportWriteError as error:  # every rank has it: training goes on, unprofiled, on every rank
+        if dist.get_rank() == 0:
+            print(f"warning: {error}; training goes on", file=sys.stderr, flush=True)
     if tensorboard_writer is not None:
         write_tensorboard_scalars(profiler.get_report(), tensorboard_writer, request.step)
     profiler.end_profile()

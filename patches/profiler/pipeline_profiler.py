@@ -21,14 +21,14 @@ This class only sequences the parts: engine_hooks.py attaches to the engine, mod
 counts and times modules, gather.py moves the measurements, report.py builds the report, files.py
 and trace.py write it.
 """
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.engine_hooks import EngineHooks
-from patches.profiler.files import write_json, write_trace
+from patches.profiler.files import write_json, write_text, write_trace
 from patches.profiler.gather import (
     EngineLayout,
     RankEntry,
@@ -40,7 +40,13 @@ from patches.profiler.gather import (
 )
 from patches.profiler.gather import measure_clock_offset as measure_clock_offset  # its former home
 from patches.profiler.module_profiler import ModuleProfiler
-from patches.profiler.printer import duration_to_string, format_report, number_to_string, params_to_string
+from patches.profiler.printer import (
+    duration_to_string,
+    format_aggregated,
+    format_report,
+    number_to_string,
+    params_to_string,
+)
 from patches.profiler.report import build_report
 from patches.profiler.trace import build_trace
 
@@ -80,19 +86,23 @@ class PipelineFlopsProfiler:
 
     # ------------------------------------------------------------------ measuring
     def start_profile(self, ignore_list: Optional[Iterable[type]] = None) -> None:
-        """Install every hook and timer (afresh, if profiled before). Collective the first time
-        (every rank makes the report's groups).
+        """Install every hook and timer (afresh, if profiled before). Local: no rank waits for another.
 
         ignore_list: module types left out of the profile, as in DeepSpeed (their flops, latencies and
         params are not in the report, nor in their ancestors' totals)."""
+        self.start_measuring(ignore_list)
+
+    def start_measuring(self, ignore_list: Optional[Iterable[type]] = None,
+                        after_train_batch: Optional[Callable[[], None]] = None) -> None:
+        """after_train_batch: called on this rank when the profiled train_batch returns (pipelines)."""
         if self.started:
             return
-        self._make_groups()
         self._remove_hooks()  # profiled before and not ended: start afresh, with this ignore_list
         module = self.engine.module
         self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
                                               root_name=type(module).__name__, ignore_types=ignore_list)
-        self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize)
+        self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize,
+                                 after_train_batch)
         self.hooks.install()
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
@@ -139,9 +149,10 @@ class PipelineFlopsProfiler:
             self._groups = ReportGroups.for_layout(self.layout)
 
     def get_report(self, profile_step: Optional[int] = None) -> dict:
-        """Collective over the world group: every rank must call it. Returns the schema's dict."""
+        """Collective over the world group: every rank must call it (a rank that never started names itself
+        in the error every rank raises). Returns the schema's dict."""
         if self._report is None or (profile_step is not None and self._report["step"] != profile_step):
-            self._make_groups()  # already made by start_profile, unless it never ran
+            self._make_groups()  # collective: made here, where every rank is, never in start_profile
             result = gather_report(
                 self.layout, self._groups, self.rank_entry,
                 lambda: RunMeta.of(self.engine, self.layout,
@@ -196,32 +207,60 @@ class PipelineFlopsProfiler:
 
     def print_model_profile(self, profile_step: Optional[int] = None, module_depth: int = -1, top_modules: int = 1,
                             detailed: bool = True, output_file: Optional[str] = None) -> None:
-        """Collective. Global rank 0 prints the report (or writes it to output_file)."""
+        """Collective. Global rank 0 prints the report (or writes it to output_file); a failed write raises
+        ReportWriteError on every rank."""
         report = self.get_report(profile_step)
-        if dist.get_rank() != 0:
-            return
-        text = format_report(report, module_depth=module_depth, top_modules=top_modules, detailed=detailed)
+        text = format_report(report, module_depth=module_depth, top_modules=top_modules,
+                             detailed=detailed) if dist.get_rank() == 0 else ""
         if output_file:
-            with open(output_file, "w") as f:
-                f.write(text + "\n")
-        else:
+            self._rank0_writes(lambda: write_text(text, output_file), output_file)
+        elif text:
             print(text, flush=True)
 
-    def write_json(self, path: str, profile_step: Optional[int] = None) -> None:
-        """Collective (it gathers if needed). Global rank 0 writes the schema's JSON to path."""
-        report = self.get_report(profile_step)
+    def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
+        """Collective. Global rank 0 prints the top module types per depth of the whole model."""
+        report = self.get_report()
         if dist.get_rank() == 0:
-            write_json(report, path)
+            print("\n".join(format_aggregated(report, module_depth, top_modules)), flush=True)
+
+    def is_expert_tensor_parallelism_enabled(self) -> bool:
+        """DeepSpeed's meaning: a MoE layer of the model shards its experts over tensor ranks."""
+        from deepspeed.moe.layer import MoE
+
+        return any(getattr(m, "enable_expert_tensor_parallelism", False)
+                   for m in self.engine.module.modules() if isinstance(m, MoE))
+
+    def write_json(self, path: str, profile_step: Optional[int] = None) -> None:
+        """Collective (it gathers if needed). Global rank 0 writes the schema's JSON to path; a failed write
+        raises ReportWriteError on every rank."""
+        report = self.get_report(profile_step)
+        self._rank0_writes(lambda: write_json(report, path), path)
 
     def write_trace(self, path: str, profile_step: Optional[int] = None) -> None:
         """Collective. Global rank 0 writes the Chrome trace (Perfetto, chrome://tracing) of the
         reported replica to path: a process per stage, a track per tensor rank (trace.py)."""
         report = self.get_report(profile_step)
-        if not self.layout.in_replica:  # the trace shows replica 0 only; its ranks alone gather
-            return
-        gathered = gather_replica((dist.get_rank(), self.module_profiler.events()), self.layout, self._groups)
-        if gathered is not None:
-            write_trace(build_trace(self._entries, dict(gathered), report["step"]), path)
+        gathered = None
+        if self.layout.in_replica:  # the trace shows replica 0 only; its ranks alone gather
+            gathered = gather_replica((dist.get_rank(), self.module_profiler.events()), self.layout, self._groups)
+        self._rank0_writes(lambda: write_trace(build_trace(self._entries, dict(gathered), report["step"]), path), path)
+
+    def _rank0_writes(self, write: Callable[[], None], path: str) -> None:
+        """Collective: rank 0 runs write(); its OSError reaches every rank at once (a broadcast), so no rank
+        trains on into a collective that rank 0, gone, never enters."""
+        outcome = [None]
+        if dist.get_rank() == 0:
+            try:
+                write()
+            except OSError as error:
+                outcome[0] = f"{type(error).__name__}: {error}"
+        dist.broadcast_object_list(outcome, src=0, group=self._groups.world)
+        if outcome[0] is not None:
+            raise ReportWriteError(f"the profile report was not written to {path} on rank 0: {outcome[0]}")
+
+
+class ReportWriteError(OSError):
+    """Global rank 0 could not write a report file; raised on every rank with rank 0's reason."""
 
 
 def _with_unit(text, unit):

@@ -131,6 +131,7 @@ def _summary(report):
         line("seq length", par["seq_length"] if par.get("seq_length") else "n/a"),
         line("activation checkpointing", "yes" if report["activation_checkpointing"] else "no"),
         *([line("recomputed layers", report["recompute_note"])] if report.get("recompute_note") else []),
+        *([line("collected", report["collection_note"])] if report.get("collection_note") else []),
         *([line("optimizer step", "skipped (fp16 loss-scale overflow): no update in the step latency")]
           if report.get("optimizer_step_skipped") else []),
         line("device, dtype, dense peak", f"{device['name']}, {device['dtype']}, "
@@ -258,7 +259,8 @@ def _instruction_tables(report):
     return lines
 
 
-def _aggregated(report, module_depth, top_modules):
+def format_aggregated(report: dict, module_depth: int = -1, top_modules: int = 1) -> list:
+    """The Aggregated Profile's lines: per depth, the top module types of the whole-model tree."""
     depths = aggregate_by_depth(report["model_tree"])
     last = len(depths) - 1 if module_depth < 0 else min(module_depth, len(depths) - 1)
     lines = [f"Top {top_modules} modules in terms of params, flops (fwd + bwd + recompute) or latency at "
@@ -333,7 +335,7 @@ def format_report(report: dict, module_depth: int = -1, top_modules: int = 1, de
     lines += _stragglers(report)
     lines += _instruction_tables(report)
     lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]
-    lines += _aggregated(report, module_depth, top_modules)
+    lines += format_aggregated(report, module_depth, top_modules)
     if detailed:
         lines += ["", "------------------------------ Detailed Profile per GPU ------------------------------"]
         lines += _detailed(report, module_depth)

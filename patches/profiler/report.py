@@ -360,6 +360,7 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         "activation_checkpointing": bool(meta["activation_checkpointing"]),
         "optimizer_step_skipped": bool(meta.get("optimizer_step_skipped", False)),
         "recompute_note": meta.get("recompute_note"),
+        "collection_note": meta.get("collection_note"),
         "perturbation": None,  # perturbation.apply_perturbation: the profiled iteration against unprofiled ones
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
