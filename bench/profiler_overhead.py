@@ -20,7 +20,8 @@ between the profiled ones so that a machine shared with other work slows both al
 4. FLOPs: each profiler's forward, backward and recompute FLOPs against the Megatron-LM formula
    (patches/profiler/analytic_flops.py), without and with activation checkpointing (toggled on the same
    engines), and what it misses.
-The last line is `profiled/unprofiled iteration time ratio: X.XX` (part 1).
+The last line is `profiled/unprofiled iteration time ratio: X.XX` (part 1). --headline-only runs part 1
+alone.
 """
 import argparse
 import copy
@@ -322,6 +323,13 @@ def worker(options):
     headline = summarize(OURS, PIPE_ENGINE, ours_runs[OURS], before + between)
     leftover = {"wall": median([w for w, _ in after]) / median([w for w, _ in before]),
                 "cpu": median([c for _, c in after]) / median([c for _, c in before]), "state": left}
+    if options.headline_only:
+        if dist.get_rank() == 0:
+            print_headline(headline, before, between, after, leftover)
+            print(f"\nat the end: {load()}")
+            print(f"profiled/unprofiled iteration time ratio: {headline['ratio']:.2f}")
+        dist.barrier()
+        return
 
     # 2. Peers side by side on the same PipelineEngine.
     pipe_profilers = {
@@ -485,6 +493,7 @@ def main():
     parser.add_argument("--peer-rounds", type=int, default=2,
                         help="profiled iterations per profiler (parts 2-3; default 2)")
     parser.add_argument("--before", type=int, default=3, help="plain iterations before and after profiling (default 3)")
+    parser.add_argument("--headline-only", action="store_true", help="part 1 only (ours alone on the pipeline)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
     options = parser.parse_args()
     if launched():

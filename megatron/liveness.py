@@ -79,6 +79,7 @@ class Liveness:
 
     def _stop(self):
         """A normal exit: end the heartbeat thread before the interpreter tears its store client down."""
+        self._record("exited", "")  # its heartbeat stops now: gone, but not failed
         self._stopping.set()
         try:
             os.write(self._wakeup_write, b"\0")
@@ -111,7 +112,10 @@ class Liveness:
             culprits, reason = named, error.reason
             self._store_verdict(culprits, reason)
         else:
-            culprits, reason = self._first_failure()
+            # An error of its own (not a broken connection) is this rank's failure even where rank 0, and
+            # the store with it, is gone by now: only a lost peer says nothing about who failed.
+            own = None if _is_lost_peer(error) else summary + where
+            culprits, reason = self._first_failure(own)
         if named or culprits == [self.rank]:
             traceback.print_exception(type(error), error, error.__traceback__)
             message = f"error: rank {self.rank} failed{where}: {summary}"
@@ -193,8 +197,9 @@ class Liveness:
     def _heartbeats(self):
         return [self.store.add(f"{_PREFIX}heartbeat/{rank}", 0) for rank in range(self.world_size)]
 
-    def _first_failure(self):
-        """(ranks, reason) of the first failure: the stored verdict, or this rank's own diagnosis."""
+    def _first_failure(self, own=None):
+        """(ranks, reason) of the first failure: the stored verdict, or this rank's own diagnosis. own: this
+        rank's own error, where it raised one that is not a lost peer: the verdict when the store is gone."""
         try:
             if self.store.check([_VERDICT]):
                 return _decode_verdict(self.store.get(_VERDICT))
@@ -205,6 +210,8 @@ class Liveness:
         except Exception:
             if self._cached_verdict is not None:
                 return self._cached_verdict
+            if own is not None:
+                return [self.rank], own
             if self.rank == 0:
                 return [], ""
             return [0], f"the rendezvous store it hosts at {self.address} stopped answering: its process ended"
@@ -215,7 +222,7 @@ class Liveness:
         while True:
             time.sleep(HEARTBEAT_S / 2)
             now = self._heartbeats()
-            left = set(self._records("error")) | set(self._records("stopped"))
+            left = set(self._records("error")) | set(self._records("stopped")) | set(self._records("exited"))
             silent = [r for r in range(self.world_size) if r not in left and now[r] == before[r]]
             if not silent or time.monotonic() >= deadline:
                 break
@@ -252,6 +259,16 @@ def _decode_verdict(raw):
 def _blame(culprits, reason):
     ranks = ("rank " if len(culprits) == 1 else "ranks ") + ", ".join(str(r) for r in culprits)
     return f"{ranks} failed first ({reason})" if culprits else "no rank is known to have failed first"
+
+
+# How gloo and the store say that a peer went away (its process ended, its node was lost).
+_LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused|"
+                        r"timed out|Timed out|timeout", re.IGNORECASE)
+
+
+def _is_lost_peer(error):
+    """Whether the error only says that a peer is gone (a broken connection, a timeout), not why."""
+    return isinstance(error, dist.DistError) or bool(_LOST_PEER.search(str(error)))
 
 
 def _first_sentence(text):

@@ -20,7 +20,8 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
-from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall
+from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
+from patches.profiler.perturbation import IterationClock
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,
@@ -132,6 +133,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     _announce_recompute(args)
     _announce_profiling(args, engine)
     interval, interval_start = IntervalStats(), time.time()
+    clock = IterationClock()  # each iteration's time: the profiled one is compared with those before it
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
     while iteration < args.train_iters and (args.train_tokens is None or
@@ -140,9 +142,10 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
         args.curr_iteration = step
         if args.profile_flops_step == step:
             loss, skipped = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer,
-                                                 lr_scheduler, writer)
+                                                 lr_scheduler, writer, clock)
         else:
-            loss, skipped = train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)
+            loss, skipped = clock.timed(step, lambda: train_step(forward_step_func, train_iterator, model, optimizer,
+                                                                 lr_scheduler))
         iteration = step
         args.consumed_train_samples += args.global_batch_size
         args.actual_seq_length = args.seq_length
@@ -213,17 +216,21 @@ def _announce_profiling(args, engine):
 
 
 def _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
-                         writer=None):
-    """Profile this step on every rank (patches.profiler.one_step: the report, its JSON and trace)."""
+                         writer=None, clock=None):
+    """Profile this step on every rank (patches.profiler.one_step: the report, its JSON and trace); the report
+    compares it with the unprofiled iterations `clock` timed before it."""
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
+    unprofiled_s, unprofiled = clock.unprofiled_before(step) if clock is not None else (None, [])
     stage_layers = pipeline_stage_layers(args)
     request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
                                  analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
                                  peak_tflops=args.peak_tflops,
                                  # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
                                  activation_checkpointing=bool(args.checkpoint_activations),
-                                 recompute_note=recompute_shortfall(args, stage_layers))
+                                 recompute_note=recompute_shortfall(args, stage_layers),
+                                 unprofiled_iter_s=unprofiled_s, unprofiled_iterations=unprofiled,
+                                 log_line_flops=upstream_flops_per_iteration(args))
     return profile_train_step(
         model[0], request, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
         tensorboard_writer=writer)

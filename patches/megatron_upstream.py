@@ -160,14 +160,22 @@ def _patch_train_step(module: ModuleType) -> None:
 
 
 def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:
+    from patches.profiler.perturbation import IterationClock
+
+    # Upstream's own timers are its business: the unprofiled iterations the report compares with are timed
+    # here, around its train_step, on the clock the profiled one is timed on.
+    clock = IterationClock()
+
     @functools.wraps(original)
     def train_step(*args, **kwargs):
         megatron_args = global_vars.get_args()
         step = _iteration_being_run(megatron_args)
-        if step is None or step != megatron_args.profile_flops_step:
+        if step is None:
             return original(*args, **kwargs)
+        if step != megatron_args.profile_flops_step:
+            return clock.timed(step, lambda: original(*args, **kwargs))
         model = kwargs["model"] if "model" in kwargs else args[2]
-        return _profile(model[0], megatron_args, step, global_vars, lambda: original(*args, **kwargs))
+        return _profile(model[0], megatron_args, step, global_vars, lambda: original(*args, **kwargs), clock)
 
     return train_step
 
@@ -182,18 +190,32 @@ def _iteration_being_run(args: Namespace) -> Optional[int]:
     return args.curr_iteration + 1
 
 
-def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable):
+def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable, clock):
     from patches.profiler.analytic_flops import recompute_shortfall
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
     view, stage_layers = _analytic_view(args, engine)
     analytic = upstream_analytic_flops(view, stage_layers)
+    unprofiled_s, unprofiled = clock.unprofiled_before(step)
     request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
                                  analytic=analytic,
-                                 recompute_note=recompute_shortfall(view, stage_layers) if analytic else None)
+                                 recompute_note=recompute_shortfall(view, stage_layers) if analytic else None,
+                                 unprofiled_iter_s=unprofiled_s, unprofiled_iterations=unprofiled,
+                                 log_line_flops=upstream_log_line_flops(args))
     get_writer = getattr(global_vars, "get_tensorboard_writer", None)
     writer = get_writer() if callable(get_writer) else None
     return profile_train_step(engine, request, run_step, tensorboard_writer=writer)
+
+
+def upstream_log_line_flops(args: Namespace) -> Optional[float]:
+    """The FLOPs upstream's log line counts for one iteration (its throughput convention, in
+    patches.profiler.analytic_flops), or None where this Megatron's arguments lack what it reads."""
+    from patches.profiler.analytic_flops import upstream_flops_per_iteration
+
+    try:
+        return upstream_flops_per_iteration(args)
+    except (AttributeError, TypeError):
+        return None
 
 
 def pipeline_stage_layers_of(module) -> Optional[list]:

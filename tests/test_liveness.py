@@ -2,7 +2,8 @@
 
 Two plain processes, no training: one hosts the TCPStore (as global rank 0 does), the other starts
 the heartbeat as rank 3 of 4. The host is killed, then rank 3 fails. Rank 0 may well exit before a
-failing rank has written its verdict; the failing rank must still name itself, not blame rank 0.
+failing rank has written its verdict; the failing rank must still name itself, not blame rank 0, unless
+its error only says that a peer is gone.
 """
 import os
 import signal
@@ -63,10 +64,20 @@ def test_a_rank_the_report_named_says_it_failed_when_the_store_is_gone():
 
 
 @pytest.mark.launch
-def test_a_rank_failing_alone_with_the_store_gone_says_the_store_host_ended():
-    """Without a collective's word, a rank that cannot reach the store cannot order failures: rank 0 ended."""
+def test_a_rank_failing_with_its_own_error_names_itself_when_the_store_is_gone():
+    """Rank 0, and the store with it, may exit before a failing rank records its error: an error of the
+    rank's own (not a broken connection) is still its own failure, whoever else has ended."""
     code, lines = _fail_after_the_store_is_gone("")
+    assert code == 1
+    assert lines == ["error: rank 3 failed in iteration 2: RuntimeError: injected fault on rank 3"]
+
+
+@pytest.mark.launch
+def test_a_rank_that_lost_its_peer_with_the_store_gone_says_the_store_host_ended():
+    """A broken connection says only that a peer is gone: without the store, rank 0 (its host) ended."""
+    code, lines = _fail_after_the_store_is_gone(
+        'error = RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:4242")')
     assert code == 1
     assert len(lines) == 1 and lines[0].startswith("error: rank 3 stops in iteration 2: rank 0 failed first "
                                                    "(the rendezvous store it hosts at 127.0.0.1:"), lines
-    assert lines[0].endswith("here: RuntimeError: injected fault on rank 3"), lines
+    assert lines[0].endswith("here: RuntimeError: Connection closed by peer [127.0.0.1]:4242"), lines

@@ -4,12 +4,15 @@ import re
 
 import pytest
 
+from megatron.arguments import parse_args
+from megatron.tokenizer.tokenizer import padded_vocab_size
+from patches.profiler.analytic_flops import upstream_flops_per_iteration
 from patches.profiler.files import validate_report
 from patches.profiler.printer import (
     HEADER,
     number_to_string,
 )
-from tests.helpers.flags import PP2_TP2, PP2_TP2_CKPT, layout
+from tests.helpers.flags import PP2_TP2, PP2_TP2_CKPT, TINY_GPT, layout
 from tests.helpers.launch import REPO, explain, launch, run_pretrain
 from tests.helpers.tiny_gpt import dense_params, expected_flops
 
@@ -48,6 +51,27 @@ def test_flops_and_params_exact(profiled):
     assert totals["recompute_flops"] == layer_fwd
     assert totals["params"] == dense_params(4)
     assert report["activation_checkpointing"] is True
+
+
+def test_report_states_its_perturbation(profiled):
+    """Iteration 2 profiled: iteration 1, the only one before it, is the unprofiled time; the rates and the
+    training log line's TFLOPs come from it."""
+    process, _, report = profiled
+    totals, perturbation = report["totals"], report["perturbation"]
+    unprofiled, profiled_s = perturbation["unprofiled_iter_s"], perturbation["profiled_iter_s"]
+    assert perturbation["unprofiled_iterations"] == [1]
+    assert unprofiled > 0 and profiled_s > 0
+    assert perturbation["ratio"] == profiled_s / unprofiled
+    assert totals["throughput_basis"] == "unprofiled" and totals["throughput_iter_s"] == unprofiled
+    measured = totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]
+    assert totals["tflops_per_gpu"] == measured / unprofiled / 4 / 1e12  # pp 2 x tp 2
+    args = parse_args([str(a) for a in TINY_GPT + PP2_TP2_CKPT], world_size=4)
+    args.padded_vocab_size = padded_vocab_size(args.synthetic_vocab_size, args)
+    assert perturbation["log_line_flops"] == upstream_flops_per_iteration(args)
+    assert perturbation["log_line_tflops"] == perturbation["log_line_flops"] / (unprofiled * 4) / 1e12
+    output = process.stdout + process.stderr
+    assert f"perturbation = profiled / unprofiled:{' ' * 35}  {perturbation['ratio']:.3f}" in output
+    assert perturbation["log_line_note"] in output
 
 
 def _walk(node):

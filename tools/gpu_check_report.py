@@ -39,7 +39,8 @@ def main(argv):
     args.padded_vocab_size = padded_vocab_size(args.synthetic_vocab_size, args)
     expected = gpt_flops_per_iteration(args, stage_layers=pipeline_stage_layers(args))
     with open(report_path) as f:
-        totals = json.load(f)["totals"]
+        report = json.load(f)
+    totals, perturbation = report["totals"], report.get("perturbation") or {}
     failures = []
     for key in ("fwd_flops", "recompute_flops"):
         if totals[key] != expected[key]:
@@ -55,7 +56,9 @@ def main(argv):
           f"bwd {totals['bwd_flops']:,} = {totals['bwd_flops'] / expected['bwd_flops']:.4f} x (2 x fwd); "
           f"profiled iteration {times[PROFILED_STEP]:.1f} ms / median unprofiled "
           f"{statistics.median(unprofiled):.1f} ms "
-          f"= {overhead:.3f}; {totals['tflops_per_gpu']:.1f} TFLOPS per GPU in the profiled iteration")
+          f"= {overhead:.3f} (the report's own perturbation, iterations before it: {perturbation.get('ratio')}); "
+          f"{totals['tflops_per_gpu']:.1f} TFLOPS per GPU "
+          f"({totals.get('throughput_basis', 'profiled')} iteration time)")
     for failure in failures:
         print(f"gpu check: {name}: FAILED: {failure}")
     return 1 if failures else 0

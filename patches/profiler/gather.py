@@ -241,6 +241,12 @@ class ReportGroups:
 _GROUPS = {}
 
 
+def forget_report_groups() -> None:
+    """Drop the cached report groups (after destroy_process_group): a gloo group's worker threads end with
+    its last reference, which must go before the interpreter finalizes."""
+    _GROUPS.clear()
+
+
 def measure_clock_offset(rounds: int = CLOCK_PING_ROUNDS, clock: Callable[[], float] = time.perf_counter,
                          group: Optional[dist.ProcessGroup] = None,
                          ranks: Optional[List[int]] = None) -> Tuple[float, float]:

@@ -128,6 +128,43 @@ UNCOUNTED = object()
 DECOMPOSE = object()
 
 
+# The code of torch's shape_wrapper, which every formula registered without get_raw carries.
+_SHAPE_WRAPPER_CODE = flop_counter.shape_wrapper(lambda: None).__code__
+
+
+class _Unshaped(Exception):
+    """An argument in a container other than list, tuple or dict: left to torch's own shape wrapper."""
+
+
+def _shape_of(value):
+    """What torch's shape_wrapper hands a formula for `value` (tensors replaced by their shapes), without
+    its pytree flatten and unflatten, which cost more than the rest of a counted op."""
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return kind(_shape_of(item) for item in value)
+    if kind is dict:
+        return {key: _shape_of(item) for key, item in value.items()}
+    if isinstance(value, tuple) and kind is not torch.Size:  # named tuples: pytree rebuilds them
+        raise _Unshaped
+    return value
+
+
+class _ShapeFormula:
+    """A registered formula called on shapes directly: the same function, so the same count."""
+    __slots__ = ("wrapped", "raw")
+
+    def __init__(self, wrapped):
+        self.wrapped, self.raw = wrapped, wrapped.__wrapped__
+
+    def __call__(self, *args, out_val=None, **kwargs):
+        try:
+            return self.raw(*_shape_of(args), out_shape=_shape_of(out_val), **_shape_of(kwargs))
+        except _Unshaped:
+            return self.wrapped(*args, out_val=out_val, **kwargs)
+
+
 class _FormulaCache(dict):
     """aten overload -> torch's FLOP formula for its packet, UNCOUNTED, DECOMPOSE or None: one dict lookup
     per op."""
@@ -135,6 +172,8 @@ class _FormulaCache(dict):
     def __missing__(self, func):
         packet = getattr(func, "_overloadpacket", None)
         formula = flop_counter.flop_registry.get(packet)
+        if getattr(formula, "__code__", None) is _SHAPE_WRAPPER_CODE:
+            formula = _ShapeFormula(formula)
         if func is torch.ops.aten.mul.Tensor:  # the outer products of mv's and dot's backward
             formula = gemm_backward_product_flops
         if formula is None and _has_composite_kernel(func):
@@ -155,6 +194,12 @@ def _has_composite_kernel(func):
 
 
 class _FlopCountingMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls):
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless the mode opts out (its
+        # documented opt-out): that wrapper alone doubled the per-op cost. Nothing here is compiled.
+        return False
+
     def __init__(self, credit, uncounted):
         super().__init__()
         self.formulas = _FormulaCache()

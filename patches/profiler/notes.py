@@ -24,9 +24,14 @@ NOTES = {
                "instructions of the bounding stage",
     "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
     "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
-    "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp) / 1e12",
-    "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp) / 1e12",
-    "samples_per_s": "samples/s = micro-batches * micro-batch size * dp / iter latency; "
+    "perturbation": "perturbation = profiled iteration / median of the unprofiled iterations before it, both wall "
+                    "time (time.time()) around the train step on rank 0; the rates below use the "
+                    "unprofiled time where the run measured one (unprofiled iter time), else iter latency",
+    "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / unprofiled iter time (or iter "
+                      "latency) / (pp * tp) / 1e12",
+    "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / unprofiled iter time (or iter latency) "
+                            "/ (pp * tp) / 1e12",
+    "samples_per_s": "samples/s = micro-batches * micro-batch size * dp / unprofiled iter time (or iter latency); "
                      "tokens/s = samples/s * seq length",
     "mfu": "MFU = model TFLOPS per GPU / the device's dense peak TFLOPS",
     "analytic": "analytic flops = Megatron-LM formula for this iteration, one replica (fwd + bwd + recompute); "
@@ -36,7 +41,8 @@ NOTES = {
     "busy_share": "share = (fwd + bwd + step) / iter latency",
     "model_tree": "model tree = every stage's tree under one root; a module held by several stages "
                   "(tied) has its params once and its flops, calls and latencies summed over stages",
-    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / iter latency / tp / 1e12",
+    "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / unprofiled iter time (or "
+                    "iter latency) / tp / 1e12",
     "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
               "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
               "tp rank, "

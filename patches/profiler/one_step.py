@@ -5,13 +5,15 @@ through patches.megatron_upstream), so the same flag gives the same report and t
 """
 import os
 import sys
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.files import write_tensorboard_scalars
+from patches.profiler.perturbation import Perturbation, apply_perturbation
 from patches.profiler.pipeline_profiler import PipelineFlopsProfiler, ReportWriteError
 
 StepResult = TypeVar("StepResult")
@@ -27,6 +29,11 @@ class StepProfileRequest:
     peak_tflops: Optional[float] = None
     activation_checkpointing: Optional[bool] = None  # None: the profiler reads it off a PipelineModule
     recompute_note: Optional[str] = None  # the report's line on layers recomputed short of the flags
+    # The unprofiled iterations' median wall time (IterationClock, the caller's loop) and which they were;
+    # None: the report's rates come from the profiled iteration itself.
+    unprofiled_iter_s: Optional[float] = None
+    unprofiled_iterations: Optional[List[int]] = None
+    log_line_flops: Optional[float] = None  # the training log line's FLOPs of one iteration (its formula)
 
     @property
     def json_path(self) -> str:
@@ -47,10 +54,17 @@ def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run
                                      activation_checkpointing=request.activation_checkpointing,
                                      recompute_note=request.recompute_note)
     profiler.start_profile()
+    start = time.time()  # the clock of the unprofiled iterations (IterationClock)
     try:
         result = run_step()
     finally:
+        profiled_s = time.time() - start
         profiler.stop_profile()
+    # Global rank 0's times, as rank 0 builds the report; every rank applies them to its copy of it.
+    perturbation = [Perturbation(profiled_s, request.unprofiled_iter_s, list(request.unprofiled_iterations or []),
+                                 request.log_line_flops)]
+    dist.broadcast_object_list(perturbation, src=0)
+    apply_perturbation(profiler.get_report(profile_step=request.step), perturbation[0])
     profiler.print_model_profile(profile_step=request.step)
     try:
         # files.write_json makes the directory on rank 0: its failure, too, reaches every rank

@@ -78,6 +78,33 @@ def _uncounted_lines(report, line):
     return [line("uncounted ops", f"{listed}: no FLOP formula, left out of the flops (shown as >=)")]
 
 
+def _perturbation_lines(report, line):
+    """The profiled iteration against unprofiled ones of the same run: what profiling cost it."""
+    perturbation = report.get("perturbation")
+    if perturbation is None:
+        return []
+    lines = [line("profiled iteration (wall, the train step)", duration_to_string(perturbation["profiled_iter_s"]))]
+    if perturbation["unprofiled_iter_s"] is None:
+        return lines + [line("unprofiled iteration", "n/a: none ran before the profiled one; rates below are "
+                                                     "the profiled iteration's")]
+    iterations = perturbation["unprofiled_iterations"]
+    which = f"{iterations[0]}-{iterations[-1]}" if len(iterations) > 1 else f"{iterations[0]}"
+    return lines + [
+        line(f"unprofiled iter time (median of iterations {which}, same clock)",
+             duration_to_string(perturbation["unprofiled_iter_s"])),
+        line("perturbation = profiled / unprofiled", f"{perturbation['ratio']:.3f}"),
+    ]
+
+
+def _log_line_lines(report, line):
+    """The training log line's TFLOPs for the same time, and why it differs from the report's."""
+    perturbation = report.get("perturbation")
+    if perturbation is None or perturbation.get("log_line_tflops") is None:
+        return []
+    return [line("training log line's TFLOPs at the unprofiled iter time", f"{perturbation['log_line_tflops']:.3g}"),
+            line("why they differ", perturbation["log_line_note"])]
+
+
 def _flops_of_model(report, prefix):
     """A phase with uncounted ops did at least this much: never shown as an exact number."""
     text = number_to_string(report["totals"][f"{prefix}_flops"])
@@ -92,6 +119,8 @@ def _summary(report):
     bounding = report["bounding_stage"]
     device = report["device"]
     model_flops = totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]
+    # the rates' time: the unprofiled iterations' where the run timed them (perturbation.py)
+    time = "unprofiled iter time" if totals.get("throughput_basis") == "unprofiled" else "iter latency"
 
     def line(label, value):
         return _LINE.format(label + ":", value)
@@ -124,16 +153,18 @@ def _summary(report):
         line(f"bwd latency (BackwardPass of stage {bounding})", duration_to_string(totals["bwd_latency_s"])),
         line(f"step latency (OptimizerStep of stage {bounding})", duration_to_string(totals["step_latency_s"])),
         line("iter latency = largest stage train_batch time", duration_to_string(totals["iter_latency_s"])),
-        line("hardware FLOPS per GPU = (fwd + bwd + recompute flops) / iter latency / (pp * tp)",
+        *_perturbation_lines(report, line),
+        line(f"hardware FLOPS per GPU = (fwd + bwd + recompute flops) / {time} / (pp * tp)",
              flops_rate_to_string(totals["tflops_per_gpu"] * 1e12)),
-        line("model FLOPS per GPU = (fwd + bwd flops) / iter latency / (pp * tp)",
+        line(f"model FLOPS per GPU = (fwd + bwd flops) / {time} / (pp * tp)",
              flops_rate_to_string(totals["model_tflops_per_gpu"] * 1e12)),
-        line("samples/second = micro-batches * micro-batch size * dp / iter latency", f"{totals['samples_per_s']:.2f}"),
+        line(f"samples/second = micro-batches * micro-batch size * dp / {time}", f"{totals['samples_per_s']:.2f}"),
         line("tokens/second = samples/second * seq length",
              f"{totals['tokens_per_s']:.2f}" if totals.get("tokens_per_s") is not None else "n/a: seq length unknown"),
         line("MFU = model FLOPS per GPU / dense peak of the device",
              f"{100 * totals['mfu']:.2f}%" if totals["mfu"] is not None
              else "n/a: device peak unknown, pass --peak-tflops"),
+        *_log_line_lines(report, line),
     ]
     if totals.get("analytic") is not None:
         analytic = totals["analytic"]
@@ -162,11 +193,12 @@ def _stage_table(report):
                     + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
                                                           "comm_s", "other_s", "train_batch_latency_s")]
                     + [f"{100 * s['busy_share']:.2f}%", flops_rate_to_string(s["tflops_per_gpu"] * 1e12)])
+    time = "unprofiled iter time" if report["totals"].get("throughput_basis") == "unprofiled" else "iter latency"
     return (["", STAGE_TABLE_CAPTION]
             + _table(headers, rows)
             + ["  * bounds the iteration (largest fwd + bwd + step time); "
                "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
-               "flops) / iter latency / tp"])
+               f"flops) / {time} / tp"])
 
 
 def _bubble(report):

@@ -2,7 +2,9 @@
 
 The contract is flops-profile.schema.json (files.py loads and checks it). Beyond the schema the
 report carries:
-- top level: `optimizer_step_skipped` (fp16 loss scaling skipped the profiled step's update), `recompute_note`
+- top level: `perturbation` (null, or the profiled iteration's time against unprofiled ones of the
+  same run, and the training log line's TFLOPs: perturbation.py), `optimizer_step_skipped` (fp16 loss
+  scaling skipped the profiled step's update), `recompute_note`
   (null, or one line: the pipeline recomputes fewer layers than asked, which and why),
   `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
   `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
@@ -13,7 +15,8 @@ report carries:
   comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share,
   tflops_per_gpu (the stage's fwd + bwd + recompute flops / iter latency / tp);
 - totals: analytic ({fwd,bwd,recompute}_flops or null), measured_over_analytic, tokens_per_s,
-  peak_tflops;
+  peak_tflops, throughput_iter_s and throughput_basis (the iteration time the rates use: "profiled", or
+  "unprofiled" once perturbation.apply_perturbation has run);
 - module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
   {fwd,bwd,recompute}_calls, always present.
 """
@@ -328,6 +331,10 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         "analytic": analytic,
         "measured_over_analytic": (fwd + bwd + recompute) / analytic_flops if analytic_flops else None,
         "iter_latency_s": iter_s,
+        # the iteration time the rates below use: the profiled one, until apply_perturbation (perturbation.py)
+        # puts an unprofiled iteration's in its place
+        "throughput_iter_s": iter_s,
+        "throughput_basis": "profiled",
         "fwd_latency_s": bounding["fwd_latency_s"],
         "bwd_latency_s": bounding["bwd_latency_s"],
         "step_latency_s": bounding["step_latency_s"],
@@ -354,6 +361,7 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         "optimizer_step_skipped": bool(meta.get("optimizer_step_skipped", False)),
         "recompute_note": meta.get("recompute_note"),
         "collection_note": meta.get("collection_note"),
+        "perturbation": None,  # perturbation.apply_perturbation: the profiled iteration against unprofiled ones
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
         "uncounted_ops": _uncounted_ops(replica),

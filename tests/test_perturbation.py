@@ -1,0 +1,101 @@
+"""The report states its perturbation: the profiled iteration against unprofiled ones of the same run,
+rates from the unprofiled time, and the training log line's TFLOPs beside them (patches/profiler/perturbation.py)."""
+import copy
+
+import pytest
+
+from patches.profiler.files import validate_report
+from patches.profiler.perturbation import WINDOW, IterationClock, Perturbation, apply_perturbation
+from patches.profiler.printer import format_report
+from patches.profiler.report import build_report
+from tests.test_profiler_report import DP, MICRO_BATCH_SIZE, MICRO_BATCHES, PP, SEQ, TP, make_meta, rank_entries
+
+PEAK = 0.5
+# Binary fractions: every product and quotient below is exact in floating point.
+UNPROFILED_S, PROFILED_S = 0.75, 0.8125
+LOG_LINE_FLOPS = 3.0 * 2 ** 40
+
+
+@pytest.fixture
+def report():
+    return build_report(rank_entries(), make_meta(peak_tflops=PEAK))
+
+
+def test_clock_median_of_the_iterations_before_leaving_out_warm_up():
+    clock = IterationClock()
+    for iteration, seconds in zip(range(1, 10), (9.0, 1.0, 3.0, 2.0, 5.0, 4.0, 7.0, 8.0, 6.0)):
+        clock.record(iteration, seconds)
+    assert clock.unprofiled_before(8) == (4.0, [3, 4, 5, 6, 7])  # the last WINDOW before 8
+    assert WINDOW == 5
+    assert clock.unprofiled_before(4) == (2.0, [2, 3])  # iteration 1, the warm-up, left out
+    assert clock.unprofiled_before(2) == (9.0, [1])  # unless it is the only one
+    assert clock.unprofiled_before(1) == (None, [])
+
+
+def test_clock_times_the_step_and_returns_its_result():
+    clock = IterationClock()
+    assert clock.timed(3, lambda: "loss") == "loss"
+    assert list(clock.seconds) == [3] and clock.seconds[3] >= 0.0 and clock.first == 3
+
+
+def test_rates_come_from_the_unprofiled_time(report):
+    profiled_rates = copy.deepcopy(report["totals"])
+    assert profiled_rates["throughput_basis"] == "profiled"
+    assert profiled_rates["throughput_iter_s"] == profiled_rates["iter_latency_s"]
+    assert report["perturbation"] is None
+    apply_perturbation(report, Perturbation(PROFILED_S, UNPROFILED_S, [2, 3, 4], LOG_LINE_FLOPS))
+    totals, perturbation = report["totals"], report["perturbation"]
+    measured = totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]
+    assert perturbation["profiled_iter_s"] == PROFILED_S
+    assert perturbation["unprofiled_iter_s"] == UNPROFILED_S
+    assert perturbation["unprofiled_iterations"] == [2, 3, 4]
+    assert perturbation["ratio"] == PROFILED_S / UNPROFILED_S
+    assert totals["throughput_basis"] == "unprofiled" and totals["throughput_iter_s"] == UNPROFILED_S
+    assert totals["tflops_per_gpu"] == measured / UNPROFILED_S / (PP * TP) / 1e12
+    model_flops = totals["fwd_flops"] + totals["bwd_flops"]
+    assert totals["model_tflops_per_gpu"] == model_flops / UNPROFILED_S / (PP * TP) / 1e12
+    assert totals["samples_per_s"] == MICRO_BATCHES * MICRO_BATCH_SIZE * DP / UNPROFILED_S
+    assert totals["tokens_per_s"] == totals["samples_per_s"] * SEQ
+    assert totals["mfu"] == totals["model_tflops_per_gpu"] / PEAK
+    for stage in report["stages"]:
+        stage_flops = stage["fwd_flops"] + stage["bwd_flops"] + stage["recompute_flops"]
+        assert stage["tflops_per_gpu"] == stage_flops / UNPROFILED_S / TP / 1e12
+    # what the profiled step measured stays as it was
+    for field in ("iter_latency_s", "fwd_latency_s", "bwd_latency_s", "fwd_flops", "params"):
+        assert totals[field] == profiled_rates[field]
+    validate_report(report)
+
+
+def test_log_line_tflops_beside_the_report_and_why_they_differ(report):
+    apply_perturbation(report, Perturbation(PROFILED_S, UNPROFILED_S, [2], LOG_LINE_FLOPS))
+    totals, perturbation = report["totals"], report["perturbation"]
+    world = PP * TP * DP
+    assert perturbation["log_line_flops"] == LOG_LINE_FLOPS
+    assert perturbation["log_line_tflops"] == LOG_LINE_FLOPS / (UNPROFILED_S * world) / 1e12
+    # same time, same GPUs: the two rates differ by the ratio of the FLOP counts (one replica's x dp)
+    measured = (totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]) * DP
+    assert perturbation["log_line_tflops"] / totals["tflops_per_gpu"] == pytest.approx(LOG_LINE_FLOPS / measured,
+                                                                                      rel=1e-12)
+    note = perturbation["log_line_note"]
+    assert f"{LOG_LINE_FLOPS / measured:.4f}" in note and "backward = 2 x forward" in note
+    assert f"{perturbation['log_line_tflops']:.3g} TFLOPs" in note and f"{totals['tflops_per_gpu']:.3g}" in note
+    text = format_report(report)
+    assert "profiled iteration (wall, the train step):" in text
+    assert "unprofiled iter time (median of iterations 2, same clock):" in text
+    assert f"perturbation = profiled / unprofiled:{' ' * 35}  {PROFILED_S / UNPROFILED_S:.3f}" in text
+    assert "hardware FLOPS per GPU = (fwd + bwd + recompute flops) / unprofiled iter time / (pp * tp):" in text
+    assert "training log line's TFLOPs at the unprofiled iter time:" in text and note in text
+    validate_report(report)
+
+
+def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
+    before = copy.deepcopy(report["totals"])
+    apply_perturbation(report, Perturbation(PROFILED_S, None, [], LOG_LINE_FLOPS))
+    assert report["totals"] == before
+    perturbation = report["perturbation"]
+    assert perturbation["ratio"] is None and perturbation["log_line_tflops"] is None
+    assert perturbation["log_line_note"] is None
+    text = format_report(report)
+    assert "n/a: none ran before the profiled one" in text
+    assert "/ iter latency / (pp * tp):" in text
+    validate_report(report)
