@@ -21,6 +21,7 @@ from megatron.core.enums import ModelType
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
 from patches.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
+from patches.profiler.perturbation import COUNTING_CHOICES, COUNTING_HELP
 
 EXIT_BAD_ARGS = EXIT_BAD_INPUT
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
@@ -319,6 +320,7 @@ def _add_profiler_args(parser):
                    help="profile this iteration on every pipeline stage and print one gathered report")
     g.add_argument("--profile-flops-output", default=".",
                    help="directory for flops_profile_step{N}.json (default: working directory)")
+    g.add_argument("--profile-flops-counting", choices=COUNTING_CHOICES, default="previous", help=COUNTING_HELP)
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense peak TFLOPS, for MFU when the device is not in the table")
 

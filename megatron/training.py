@@ -1,4 +1,5 @@
 """pretrain(): build the model on DeepSpeed, then train, log, evaluate, checkpoint and profile."""
+import functools
 import json
 import math
 import time
@@ -21,7 +22,7 @@ from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
-from patches.profiler.perturbation import IterationClock
+from patches.profiler.perturbation import IterationClock, counting_announcement, counts_before
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,
@@ -136,13 +137,22 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     clock = IterationClock()  # each iteration's time: the profiled one is compared with those before it
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
+    counting_pass = None  # the FLOPs of the iteration before --profile-flops-step, counted there
     while iteration < args.train_iters and (args.train_tokens is None or
                                             args.consumed_train_tokens < args.train_tokens):
         step = iteration + 1
         args.curr_iteration = step
         if args.profile_flops_step == step:
             loss, skipped = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer,
-                                                 lr_scheduler, writer, clock)
+                                                 lr_scheduler, writer, clock, counting_pass)
+            counting_pass = None
+        elif counts_before(args.profile_flops_step, args.profile_flops_counting, step):
+            from patches.profiler.one_step import count_train_step
+
+            (loss, skipped), counting_pass = clock.timed(step, functools.partial(
+                count_train_step, engine, step,
+                lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)))
+            clock.mark_perturbed(step)
         else:
             loss, skipped = clock.timed(step, lambda: train_step(forward_step_func, train_iterator, model, optimizer,
                                                                  lr_scheduler))
@@ -212,11 +222,12 @@ def _announce_profiling(args, engine):
         section_step = section.get("profile_step", 1)
         print_rank_0(f"> --profile-flops-step {args.profile_flops_step} takes precedence over the DeepSpeed "
                      f"config's flops_profiler section (profile_step {section_step}), which is ignored")
-    print_rank_0(f"> FLOPs profiler: iteration {args.profile_flops_step} will be profiled on every stage")
+    print_rank_0(f"> FLOPs profiler: iteration {args.profile_flops_step} will be profiled on every stage"
+                 + counting_announcement(args.profile_flops_step, args.profile_flops_counting, args.iteration))
 
 
 def _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
-                         writer=None, clock=None):
+                         writer=None, clock=None, counting_pass=None):
     """Profile this step on every rank (patches.profiler.one_step: the report, its JSON and trace); the report
     compares it with the unprofiled iterations `clock` timed before it."""
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
@@ -230,7 +241,7 @@ def _profiled_train_step(args, step, forward_step_func, train_iterator, model, o
                                  activation_checkpointing=bool(args.checkpoint_activations),
                                  recompute_note=recompute_shortfall(args, stage_layers),
                                  unprofiled_iter_s=unprofiled_s, unprofiled_iterations=unprofiled,
-                                 log_line_flops=upstream_flops_per_iteration(args))
+                                 log_line_flops=upstream_flops_per_iteration(args), counting_pass=counting_pass)
     return profile_train_step(
         model[0], request, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
         tensorboard_writer=writer)

@@ -21,6 +21,7 @@ from typing import Callable, List, Optional
 
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
+from patches.profiler.perturbation import COUNTING_CHOICES, COUNTING_HELP, counting_announcement, counts_before
 
 PROFILE_STEP_FLAG = "--profile-flops-step"
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
@@ -78,6 +79,7 @@ def add_profiler_flags(parser: ArgumentParser) -> ArgumentParser:
                        help="profile this iteration on every pipeline stage and print one gathered report")
     group.add_argument("--profile-flops-output", default=".",
                        help="directory for flops_profile_step{N}.json and pipeline_trace_step{N}.json")
+    group.add_argument("--profile-flops-counting", choices=COUNTING_CHOICES, default="previous", help=COUNTING_HELP)
     return parser
 
 
@@ -138,7 +140,10 @@ def _announce(args: Namespace) -> None:
 
     yield_to_flag(args.profile_flops_step)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"> FLOPs profiler (patches): iteration {args.profile_flops_step} will be profiled on every stage; "
+        # Upstream loads its checkpoint after parsing: a run resumed past iteration N-1 counts in N (the report
+        # says where it counted).
+        print(f"> FLOPs profiler (patches): iteration {args.profile_flops_step} will be profiled on every stage"
+              f"{counting_announcement(args.profile_flops_step, args.profile_flops_counting, 0)}; "
               f"report files in {args.profile_flops_output}", flush=True)
 
 
@@ -165,6 +170,7 @@ def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callab
     # Upstream's own timers are its business: the unprofiled iterations the report compares with are timed
     # here, around its train_step, on the clock the profiled one is timed on.
     clock = IterationClock()
+    counted = {}  # the CountingPass of the iteration before the profiled one, under "pass"
 
     @functools.wraps(original)
     def train_step(*args, **kwargs):
@@ -172,10 +178,18 @@ def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callab
         step = _iteration_being_run(megatron_args)
         if step is None:
             return original(*args, **kwargs)
+        model = kwargs["model"] if "model" in kwargs else args[2]
+        if counts_before(megatron_args.profile_flops_step, megatron_args.profile_flops_counting, step):
+            from patches.profiler.one_step import count_train_step
+
+            result, counted["pass"] = clock.timed(step, lambda: count_train_step(
+                model[0], step, lambda: original(*args, **kwargs)))
+            clock.mark_perturbed(step)
+            return result
         if step != megatron_args.profile_flops_step:
             return clock.timed(step, lambda: original(*args, **kwargs))
-        model = kwargs["model"] if "model" in kwargs else args[2]
-        return _profile(model[0], megatron_args, step, global_vars, lambda: original(*args, **kwargs), clock)
+        return _profile(model[0], megatron_args, step, global_vars, lambda: original(*args, **kwargs), clock,
+                        counted.pop("pass", None))
 
     return train_step
 
@@ -190,7 +204,8 @@ def _iteration_being_run(args: Namespace) -> Optional[int]:
     return args.curr_iteration + 1
 
 
-def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable, clock):
+def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable, clock,
+             counting_pass=None):
     from patches.profiler.analytic_flops import recompute_shortfall
     from patches.profiler.one_step import StepProfileRequest, profile_train_step
 
@@ -201,7 +216,7 @@ def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_st
                                  analytic=analytic,
                                  recompute_note=recompute_shortfall(view, stage_layers) if analytic else None,
                                  unprofiled_iter_s=unprofiled_s, unprofiled_iterations=unprofiled,
-                                 log_line_flops=upstream_log_line_flops(args))
+                                 log_line_flops=upstream_log_line_flops(args), counting_pass=counting_pass)
     get_writer = getattr(global_vars, "get_tensorboard_writer", None)
     writer = get_writer() if callable(get_writer) else None
     return profile_train_step(engine, request, run_step, tensorboard_writer=writer)

@@ -91,15 +91,17 @@ UPSTREAM_SHAPED = {
 def test_upstream_shaped_megatron_gets_the_profiler_flags_and_keeps_its_own_script_order(tmp_path):
     _write(tmp_path, UPSTREAM_SHAPED)
     process = _run_launch(tmp_path, "--local_rank=0", "pretrain_gpt.py", "--train-iters", "3",
-                          "--profile-flops-step", "2", "--deepspeed", "--profile-flops-output", tmp_path / "out")
+                          "--profile-flops-step", "3", "--deepspeed", "--profile-flops-output", tmp_path / "out")
     assert process.returncode == 0, process.stderr
     lines = process.stdout.splitlines()
-    assert "argv ['--local_rank=0', '--train-iters', '3', '--profile-flops-step', '2', '--deepspeed', " \
+    assert "argv ['--local_rank=0', '--train-iters', '3', '--profile-flops-step', '3', '--deepspeed', " \
            f"'--profile-flops-output', '{tmp_path / 'out'}']" in lines
-    assert f"flags 2 {tmp_path / 'out'}" in lines
-    assert "step 1: unprofiled step" in lines  # iteration 1 is not the profiled one: their own train_step ran
+    assert f"flags 3 {tmp_path / 'out'}" in lines
+    # iteration 1 is neither the profiled one nor the one counting its FLOPs: their own train_step ran
+    assert "step 1: unprofiled step" in lines
     assert "True True" in lines  # both patched
-    assert "> FLOPs profiler (patches): iteration 2 will be profiled on every stage" in process.stdout
+    assert ("> FLOPs profiler (patches): iteration 3 will be profiled on every stage, its FLOPs counted in "
+            "iteration 2; report files in") in process.stdout
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -532,3 +532,38 @@ def test_a_custom_autograd_function_recomputed_counts_as_recompute(mode):
     gemm = 2 * B * S * H * H
     assert (tree["0"]["fwd_flops"], tree["0"]["bwd_flops"], tree["0"]["recompute_flops"]) == (gemm, 2 * gemm, gemm)
     prof.remove()
+
+
+def test_a_timing_pass_takes_the_counts_of_a_counting_pass_and_names_calls_that_differ():
+    """count_flops=False times the same calls with no dispatch mode on the stack; adopt_counts gives it the
+    counting pass's FLOPs exactly, and names the modules whose calls differ between the two iterations."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    model.checkpoint = "torch_reentrant"
+    counter, _ = profile_step(model, "torch_reentrant")
+    counter.remove()
+    timer = ModuleProfiler(model, count_flops=False)
+    model.head = timer.scoped_call(model.embed, lm_head)
+    timer.start()
+    assert torch._C._len_torch_dispatch_stack() == 0
+    train_step(model, *make_batch())
+    timer.stop()
+    assert timer.tree()["fwd_flops"] == 0  # nothing counted: the FLOPs come from the counting pass
+    assert timer.adopt_counts(counter) == []
+    assert _flops_only(timer.tree()) == _flops_only(counter.tree())
+    assert timer.tree()["bwd_latency_s"] > 0
+    timer.reset()
+    timer.start()
+    model.checkpoint = None  # the next iteration recomputes nothing
+    train_step(model, *make_batch())
+    timer.stop()
+    differ = timer.adopt_counts(counter)
+    assert differ and all(": recompute " in line for line in differ)
+    with pytest.raises(ValueError, match="another module tree"):
+        timer.adopt_counts(ModuleProfiler(TinyGPT()))
+    timer.remove()
+
+
+def _flops_only(tree):
+    return {key: value for key, value in tree.items() if "latency" not in key and key != "children"} | {
+        "children": [_flops_only(child) for child in tree["children"]]}

@@ -5,7 +5,14 @@ import copy
 import pytest
 
 from patches.profiler.files import validate_report
-from patches.profiler.perturbation import WINDOW, IterationClock, Perturbation, apply_perturbation
+from patches.profiler.perturbation import (
+    WINDOW,
+    IterationClock,
+    Perturbation,
+    apply_perturbation,
+    counting_announcement,
+    counts_before,
+)
 from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
 from tests.test_profiler_report import DP, MICRO_BATCH_SIZE, MICRO_BATCHES, PP, SEQ, TP, make_meta, rank_entries
@@ -99,3 +106,41 @@ def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
     assert "n/a: none ran before the profiled one" in text
     assert "/ iter latency / (pp * tp):" in text
     validate_report(report)
+
+
+def test_the_counting_iteration_is_never_a_baseline():
+    """--profile-flops-step N counts FLOPs in N-1 under a dispatch mode: N-1 is slowed, so the unprofiled median
+    leaves it out (and the announcement says where the FLOPs are counted)."""
+    clock = IterationClock()
+    for iteration, seconds in zip(range(1, 5), (9.0, 1.0, 3.0, 7.0)):
+        clock.record(iteration, seconds)
+    clock.mark_perturbed(4)
+    assert clock.unprofiled_before(5) == (2.0, [2, 3])
+    assert counts_before(5, "previous", 4) and not counts_before(5, "previous", 3)
+    assert not counts_before(5, "profiled", 4) and not counts_before(None, "previous", 4)
+    assert counting_announcement(5, "previous", 0) == ", its FLOPs counted in iteration 4"
+    assert counting_announcement(5, "previous", 4) == ", its FLOPs counted in it"  # resumed after iteration 4
+    assert counting_announcement(1, "previous", 0) == ", its FLOPs counted in it"
+    assert counting_announcement(5, "profiled", 0) == ", its FLOPs counted in it"
+
+
+def test_report_says_where_the_flops_were_counted():
+    counted_itself = build_report(rank_entries(), make_meta())  # step 7, counted in it
+    assert counted_itself["flops_counting"] == {
+        "counted_iteration": 7, "calls_differ": [],
+        "note": "counted in iteration 7 itself, by a dispatch mode on its timed path"}
+    entries = rank_entries()
+    for entry in entries:
+        entry["counted_iteration"], entry["calls_differ"] = 6, []
+    entries[1]["calls_differ"] = ["3.mlp: fwd 4/5"]
+    report = build_report(entries, make_meta())
+    validate_report(report)
+    assert report["flops_counting"]["counted_iteration"] == 6
+    assert report["flops_counting"]["calls_differ"] == [f"rank {entries[1]['global_rank']}: 3.mlp: fwd 4/5"]
+    assert report["flops_counting"]["note"] == (
+        "counted in iteration 6 by a dispatch mode, so that iteration 7 ran without one; its module calls differ "
+        "from iteration 6's in 1 places (calls_differ): the FLOPs are iteration 6's")
+    assert "flops counted:" in format_report(report) and report["flops_counting"]["note"] in format_report(report)
+    entries[0]["counted_iteration"] = None
+    with pytest.raises(ValueError, match="the ranks counted FLOPs in different iterations"):
+        build_report(entries, make_meta())

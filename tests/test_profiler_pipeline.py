@@ -22,10 +22,10 @@ pytestmark = pytest.mark.launch
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profiled")
-    flags = PP2_TP2_CKPT + ["--profile-flops-step", "2", "--profile-flops-output", tmp / "profile"]
+    flags = PP2_TP2_CKPT + ["--profile-flops-step", "3", "--profile-flops-output", tmp / "profile"]
     process, losses = run_pretrain(tmp, 4, flags, name="profiled")
     assert process.returncode == 0, explain(process)
-    report = json.loads((tmp / "profile" / "flops_profile_step2.json").read_text())
+    report = json.loads((tmp / "profile" / "flops_profile_step3.json").read_text())
     return process, losses, report
 
 
@@ -33,9 +33,9 @@ def test_one_report_printed_once(profiled):
     process, _, report = profiled
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1
-    assert output.count("Profile Summary at step 2:") == 1
+    assert output.count("Profile Summary at step 3:") == 1
     validate_report(report)
-    assert report["step"] == 2
+    assert report["step"] == 3
     assert report["parallelism"]["pipeline_parallel_size"] == 2 and report["parallelism"]["tensor_parallel_size"] == 2
     assert [stage["global_ranks"] for stage in report["stages"]] == [[0, 1], [2, 3]]
 
@@ -54,8 +54,8 @@ def test_flops_and_params_exact(profiled):
 
 
 def test_report_states_its_perturbation(profiled):
-    """Iteration 2 profiled: iteration 1, the only one before it, is the unprofiled time; the rates and the
-    training log line's TFLOPs come from it."""
+    """Iteration 3 profiled, its FLOPs counted in iteration 2: iteration 1, the only unprofiled one before it,
+    is the unprofiled time; the rates and the training log line's TFLOPs come from it."""
     process, _, report = profiled
     totals, perturbation = report["totals"], report["perturbation"]
     unprofiled, profiled_s = perturbation["unprofiled_iter_s"], perturbation["profiled_iter_s"]
@@ -72,6 +72,19 @@ def test_report_states_its_perturbation(profiled):
     output = process.stdout + process.stderr
     assert f"perturbation = profiled / unprofiled:{' ' * 35}  {perturbation['ratio']:.3f}" in output
     assert perturbation["log_line_note"] in output
+
+
+def test_flops_are_counted_in_the_iteration_before(profiled):
+    """--profile-flops-step 3 counts in iteration 2 (a dispatch mode), so iteration 3 runs without one; the
+    same module calls ran in both; the start-up line and the report say so."""
+    process, _, report = profiled
+    counting = report["flops_counting"]
+    assert counting["counted_iteration"] == 2 and counting["calls_differ"] == []
+    assert counting["note"] == ("counted in iteration 2 by a dispatch mode, so that iteration 3 ran without one; "
+                                "it ran the same module calls, phase by phase, on every rank")
+    output = process.stdout + process.stderr
+    assert "iteration 3 will be profiled on every stage, its FLOPs counted in iteration 2" in output
+    assert counting["note"] in output
 
 
 def _walk(node):
@@ -130,12 +143,15 @@ def test_no_recompute_without_checkpointing_and_the_flag_wins_over_the_config(tm
     fwd, bwd, _ = expected_flops(4, 8)
     totals = report["totals"]
     assert (totals["fwd_flops"], totals["bwd_flops"], totals["recompute_flops"]) == (fwd, bwd, 0)
+    assert report["flops_counting"]["counted_iteration"] == 1  # no iteration before it to count in
 
 
 def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
-    """--no-pipeline-parallel: a DeepSpeedEngine (pp=1, tp=2), profiled by the same flag."""
+    """--no-pipeline-parallel: a DeepSpeedEngine (pp=1, tp=2), profiled by the same flag, its FLOPs counted in
+    the profiled iteration itself (--profile-flops-counting profiled)."""
     flags = ["--no-pipeline-parallel"] + layout(tp=2) + ["--global-batch-size", "8",
-             "--train-iters", "2", "--profile-flops-step", "2", "--profile-flops-output", tmp_path]
+             "--train-iters", "2", "--profile-flops-step", "2", "--profile-flops-output", tmp_path,
+             "--profile-flops-counting", "profiled"]
     process, _ = run_pretrain(tmp_path, 2, flags)
     assert process.returncode == 0, explain(process)
     assert (process.stdout + process.stderr).count(HEADER) == 1
@@ -144,6 +160,8 @@ def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
     fwd, bwd, _ = expected_flops(4, 8)
     assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"]) == (fwd, bwd)
     assert report["stages"][0]["instructions"]["BackwardPass"]["count"] == 4
+    assert report["flops_counting"]["counted_iteration"] == 2
+    assert report["flops_counting"]["note"] == "counted in iteration 2 itself, by a dispatch mode on its timed path"
 
 
 def test_config_section_on_a_plain_pipeline_module(tmp_path):

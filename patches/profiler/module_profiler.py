@@ -334,9 +334,11 @@ def _no_sync():
 
 class ModuleProfiler:
     def __init__(self, root: torch.nn.Module, synchronize: Optional[Callable[[], None]] = None,
-                 root_name: Optional[str] = None, ignore_types: Optional[Iterable[type]] = ()):
+                 root_name: Optional[str] = None, ignore_types: Optional[Iterable[type]] = (),
+                 count_flops: bool = True):
         """ignore_types: module classes left out of the profile (DeepSpeed's ignore_list): exact types, as
-        DeepSpeed matches them; the root is always kept."""
+        DeepSpeed matches them; the root is always kept. count_flops=False: calls and latencies only, without
+        the dispatch mode on the timed path (the FLOPs come from another pass: adopt_counts)."""
         self.root_module = root
         self._synchronize = synchronize or _no_sync
         self._root, self._pairs = _build_tree(root, root_name or type(root).__name__)
@@ -344,7 +346,7 @@ class ModuleProfiler:
         for module, node in self._pairs:
             node.ignored = node is not self._root and type(module) in ignore_types
         self._node_of = {id(module): node for module, node in self._pairs}
-        self._mode = _FlopCountingMode(self._credit, self._count_uncounted)
+        self._mode = _FlopCountingMode(self._credit, self._count_uncounted) if count_flops else None
         self._uncounted = {}  # (op name, phase) -> calls
         self._module_hooks = []
         self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
@@ -365,7 +367,8 @@ class ModuleProfiler:
                 self._module_hooks.append(module.register_forward_hook(
                     functools.partial(self._on_forward_post, node), always_call=True))
         self._clear_stack()
-        self._mode.__enter__()
+        if self._mode is not None:
+            self._mode.__enter__()
         self._counting = True
 
     def stop(self) -> None:
@@ -373,7 +376,8 @@ class ModuleProfiler:
         if not self._counting:
             return
         self._counting = False
-        self._mode.__exit__(None, None, None)
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
         self._clear_stack()
 
     def remove(self) -> None:
@@ -413,6 +417,21 @@ class ModuleProfiler:
     def totals(self) -> dict:
         tree = self.tree()
         return {f"{prefix}_flops": tree[f"{prefix}_flops"] for prefix in PHASE_PREFIXES}
+
+    def adopt_counts(self, counter: "ModuleProfiler") -> List[str]:
+        """Take the FLOPs (and uncounted ops) of `counter`, a counting pass over the same module tree in
+        another iteration, keeping this profiler's calls and latencies. Returns the modules whose calls
+        differ between the two passes ("path: phase counted/timed", empty when the same calls ran)."""
+        if [module for module, _ in counter._pairs] != [module for module, _ in self._pairs]:
+            raise ValueError("adopt_counts: the counting pass profiled another module tree")
+        differ = []
+        for (_, mine), (_, theirs) in zip(self._pairs, counter._pairs):
+            mine.flops[:], mine.other_flops[:] = theirs.flops, theirs.other_flops
+            for phase, prefix in zip(PHASES, PHASE_PREFIXES):
+                if mine.calls[phase] != theirs.calls[phase]:
+                    differ.append(f"{mine.path}: {prefix} {theirs.calls[phase]}/{mine.calls[phase]}")
+        self._uncounted = dict(counter._uncounted)
+        return differ
 
     def scoped_call(self, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""

@@ -7,14 +7,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.files import write_tensorboard_scalars
 from patches.profiler.perturbation import Perturbation, apply_perturbation
-from patches.profiler.pipeline_profiler import PipelineFlopsProfiler, ReportWriteError
+from patches.profiler.pipeline_profiler import CountingPass, PipelineFlopsProfiler, ReportWriteError, count_iteration
 
 StepResult = TypeVar("StepResult")
 
@@ -34,6 +34,8 @@ class StepProfileRequest:
     unprofiled_iter_s: Optional[float] = None
     unprofiled_iterations: Optional[List[int]] = None
     log_line_flops: Optional[float] = None  # the training log line's FLOPs of one iteration (its formula)
+    # The FLOPs of the iteration before (count_train_step); None: counted in the profiled iteration itself.
+    counting_pass: Optional[CountingPass] = None
 
     @property
     def json_path(self) -> str:
@@ -44,6 +46,13 @@ class StepProfileRequest:
         return os.path.join(self.output_dir, f"pipeline_trace_step{self.step}.json")
 
 
+def count_train_step(engine: DeepSpeedEngine, step: int,
+                     run_step: Callable[[], StepResult]) -> Tuple[StepResult, CountingPass]:
+    """The iteration before the profiled one: its FLOPs counted on this rank (no collective), for the
+    profiled iteration's request (StepProfileRequest.counting_pass). Returns (run_step's result, the pass)."""
+    return count_iteration(engine, step, run_step)
+
+
 def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run_step: Callable[[], StepResult],
                        tensorboard_writer: Any = None) -> StepResult:
     """Run one iteration (run_step) profiled on every rank; global rank 0 prints the report and writes the JSON
@@ -52,7 +61,7 @@ def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run
     profiler = PipelineFlopsProfiler(engine, seq_length=request.seq_length, analytic=request.analytic,
                                      peak_tflops=request.peak_tflops,
                                      activation_checkpointing=request.activation_checkpointing,
-                                     recompute_note=request.recompute_note)
+                                     recompute_note=request.recompute_note, counting_pass=request.counting_pass)
     profiler.start_profile()
     start = time.time()  # the clock of the unprofiled iterations (IterationClock)
     try:

@@ -10,7 +10,7 @@ training log line's TFLOPs for that same time, and why the two differ.
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 Result = TypeVar("Result")
 
@@ -19,12 +19,33 @@ WINDOW = 5
 CLOCK = "wall time (time.time()) around the train step, global rank 0"
 
 
+COUNTING_CHOICES = ("previous", "profiled")
+COUNTING_HELP = ("where --profile-flops-step counts FLOPs: 'previous' (default): in the iteration before, with a "
+                 "dispatch mode, so that the profiled iteration runs without one (its module calls are checked "
+                 "against the counted ones); 'profiled': in the profiled iteration itself (for a model whose "
+                 "iterations differ in shape; the profiled iteration runs slower)")
+
+
+def counts_before(profile_step: Optional[int], counting: str, step: int) -> bool:
+    """Whether iteration `step` is the counting pass of --profile-flops-step (it runs just before it)."""
+    return profile_step is not None and counting == "previous" and step == profile_step - 1
+
+
+def counting_announcement(profile_step: int, counting: str, first_done: int) -> str:
+    """The start-up line's tail: where the FLOPs will be counted. first_done: iterations done before this run
+    (a resumed run cannot count in an iteration it does not run)."""
+    if counting == "previous" and profile_step - 1 > first_done:
+        return f", its FLOPs counted in iteration {profile_step - 1}"
+    return ", its FLOPs counted in it"
+
+
 class IterationClock:
     """Wall seconds of each iteration this process ran, by iteration number."""
 
     def __init__(self):
         self.seconds: Dict[int, float] = {}
         self.first: Optional[int] = None  # the process's first iteration: its time includes warm-up
+        self.perturbed: Set[int] = set()  # iterations slowed by the profiler (its counting pass): never a baseline
 
     def timed(self, iteration: int, step: Callable[[], Result]) -> Result:
         start = time.time()
@@ -39,10 +60,14 @@ class IterationClock:
             self.first = iteration
         self.seconds.pop(iteration - 2 * WINDOW, None)  # only the recent ones are ever read
 
+    def mark_perturbed(self, iteration: int) -> None:
+        self.perturbed.add(iteration)
+
     def unprofiled_before(self, step: int) -> Tuple[Optional[float], List[int]]:
         """(median seconds, the iterations it is taken over): up to WINDOW iterations before `step`, leaving
-        out the process's first (warm-up) unless it is the only one; (None, []) when there is none."""
-        ran = sorted(i for i in self.seconds if i < step)
+        out the perturbed ones and the process's first (warm-up) unless it is the only one; (None, []) when
+        there is none."""
+        ran = sorted(i for i in self.seconds if i < step and i not in self.perturbed)
         if len(ran) > 1 and ran[0] == self.first:
             ran = ran[1:]
         ran = ran[-WINDOW:]

@@ -21,7 +21,8 @@ This class only sequences the parts: engine_hooks.py attaches to the engine, mod
 counts and times modules, gather.py moves the measurements, report.py builds the report, files.py
 and trace.py write it.
 """
-from typing import Callable, Iterable, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
@@ -51,14 +52,37 @@ from patches.profiler.report import build_report
 from patches.profiler.trace import build_trace
 
 
+@dataclass(frozen=True)
+class CountingPass:
+    """The FLOPs of one iteration, counted by a dispatch mode (count_iteration), for the profiled iteration
+    after it to take instead of counting on its own timed path."""
+    iteration: int
+    module_profiler: ModuleProfiler  # stopped, hooks removed: its counts stay readable
+
+
+def count_iteration(engine: DeepSpeedEngine, iteration: int, run_step: Callable[[], Any]) -> Tuple[Any,
+                                                                                                   CountingPass]:
+    """Run one iteration (run_step) with FLOPs counted on this rank: (its result, the CountingPass). Local: no
+    collective; its timings are not kept."""
+    profiler = PipelineFlopsProfiler(engine)
+    profiler.start_measuring()
+    try:
+        result = run_step()
+    finally:
+        profiler.end_profile()
+    return result, CountingPass(iteration, profiler.module_profiler)
+
+
 class PipelineFlopsProfiler:
     def __init__(self, engine: DeepSpeedEngine, seq_length: Optional[int] = None, analytic: Optional[dict] = None,
                  peak_tflops: Optional[float] = None, activation_checkpointing: Optional[bool] = None,
-                 recompute_note: Optional[str] = None):
+                 recompute_note: Optional[str] = None, counting_pass: Optional[CountingPass] = None):
         """analytic: the Megatron-LM formula's {'fwd_flops','bwd_flops','recompute_flops'}, or None.
         activation_checkpointing: whether the model checkpoints (None: read from a PipelineModule's interval;
         a plain engine's model may checkpoint on its own). recompute_note: the report's one line on layers
-        recomputed short of what was asked, or None."""
+        recomputed short of what was asked, or None. counting_pass: the previous iteration's FLOPs
+        (count_iteration); the profiled iteration then runs without a dispatch mode and takes those, with its
+        own calls checked against them. None: FLOPs are counted in the profiled iteration itself."""
         self.engine = engine
         self._layout: Optional[EngineLayout] = None
         self.seq_length = seq_length
@@ -66,6 +90,8 @@ class PipelineFlopsProfiler:
         self.peak_tflops = peak_tflops
         self.activation_checkpointing = activation_checkpointing
         self.recompute_note = recompute_note
+        self.counting_pass = counting_pass
+        self.calls_differ: List[str] = []  # modules whose calls differ from the counting pass's
         self.accelerator = get_accelerator()
         self.module_profiler: Optional[ModuleProfiler] = None
         self.hooks: Optional[EngineHooks] = None
@@ -100,7 +126,8 @@ class PipelineFlopsProfiler:
         self._remove_hooks()  # profiled before and not ended: start afresh, with this ignore_list
         module = self.engine.module
         self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
-                                              root_name=type(module).__name__, ignore_types=ignore_list)
+                                              root_name=type(module).__name__, ignore_types=ignore_list,
+                                              count_flops=self.counting_pass is None)
         self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize,
                                  after_train_batch)
         self.hooks.install()
@@ -118,6 +145,8 @@ class PipelineFlopsProfiler:
             return
         self.hooks.close_window()
         self.module_profiler.stop()
+        if self.counting_pass is not None:
+            self.calls_differ = self.module_profiler.adopt_counts(self.counting_pass.module_profiler)
         self.started = False
 
     def end_profile(self) -> None:
@@ -140,8 +169,9 @@ class PipelineFlopsProfiler:
         peak = None
         if self.accelerator.device_name() != "cpu":
             peak = int(self.accelerator.max_memory_allocated())
+        counted = self.counting_pass.iteration if self.counting_pass is not None else None
         return build_rank_entry(self.layout, self.engine.module, self.module_profiler, self.hooks.instructions,
-                                self.hooks.train_batch_s(), peak)
+                                self.hooks.train_batch_s(), peak, counted, self.calls_differ)
 
     # ------------------------------------------------------------------ reporting
     def _make_groups(self):

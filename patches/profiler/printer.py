@@ -132,6 +132,7 @@ def _summary(report):
         line("activation checkpointing", "yes" if report["activation_checkpointing"] else "no"),
         *([line("recomputed layers", report["recompute_note"])] if report.get("recompute_note") else []),
         *([line("collected", report["collection_note"])] if report.get("collection_note") else []),
+        *([line("flops counted", report["flops_counting"]["note"])] if report.get("flops_counting") else []),
         *([line("optimizer step", "skipped (fp16 loss-scale overflow): no update in the step latency")]
           if report.get("optimizer_step_skipped") else []),
         line("device, dtype, dense peak", f"{device['name']}, {device['dtype']}, "

@@ -364,6 +364,7 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         "perturbation": None,  # perturbation.apply_perturbation: the profiled iteration against unprofiled ones
         "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
         "totals": totals,
+        "flops_counting": flops_counting(replica, int(meta["step"])),
         "uncounted_ops": _uncounted_ops(replica),
         "bounding_stage": bounding["stage_id"],
         "bubble": bubble_analysis(stages, compute_s, bounding, int(meta["micro_batches"]), span) if span else None,
@@ -372,6 +373,24 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         "stragglers": straggler_view(samples, pp, dp),
         "notes": dict(NOTES),
     }
+
+
+def flops_counting(replica: List[dict], step: int) -> dict:
+    """Which iteration's ops the FLOPs were counted in, and whether the profiled one ran the same module calls."""
+    counted = {entry.get("counted_iteration") for entry in replica}
+    differ = [f"rank {entry['global_rank']}: {call}" for entry in replica for call in entry.get("calls_differ") or ()]
+    if counted == {None}:
+        return {"counted_iteration": step, "calls_differ": [],
+                "note": f"counted in iteration {step} itself, by a dispatch mode on its timed path"}
+    if len(counted) > 1:
+        raise ValueError(f"the ranks counted FLOPs in different iterations: {sorted(counted, key=str)}")
+    (iteration,) = counted
+    same = ("it ran the same module calls, phase by phase, on every rank" if not differ else
+            f"its module calls differ from iteration {iteration}'s in {len(differ)} places (calls_differ): "
+            f"the FLOPs are iteration {iteration}'s")
+    return {"counted_iteration": iteration, "calls_differ": differ,
+            "note": f"counted in iteration {iteration} by a dispatch mode, so that iteration {step} ran without "
+                    f"one; {same}"}
 
 
 def _uncounted_ops(replica):
