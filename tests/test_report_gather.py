@@ -8,6 +8,7 @@ deepspeed launcher: a rank slowed in its forward passes is named by the straggle
 rank failing in get_report ends the run with every rank naming it.
 """
 import json
+import math
 import os
 import re
 
@@ -191,3 +192,13 @@ def test_a_rank_failing_in_the_report_is_named_by_every_rank(tmp_path):
         assert lines[rank][0].startswith(f"error: rank {rank} stops") and \
             "rank 3 failed first (" in lines[rank][0] and "RuntimeError: injected fault on rank 3" in lines[rank][0], \
             output
+
+
+def test_a_failed_rank_is_named_the_same_way_on_both_paths():
+    """gather_report and the user-code profiler's publication name a failed rank with one constructor: no
+    timings, the error's type and first line."""
+    sample = RankSample.failed(5, 1, 0, 2, ValueError("the first line\nand a traceback"))
+    assert sample.failure == "ValueError: the first line"
+    assert (sample.global_rank, sample.stage_id, sample.tp_rank, sample.dp_rank) == (5, 1, 0, 2)
+    assert all(math.isnan(value) for value in (sample.train_batch_s, sample.fwd_s, sample.bwd_s, sample.comm_s))
+    assert RankSample.from_bytes(sample.to_bytes()).failure == sample.failure

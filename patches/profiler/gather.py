@@ -23,7 +23,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.profiler.peaks import peak_tflops_for
-from patches.profiler.stragglers import SAMPLE_BYTES, RankSample
+from patches.profiler.stragglers import SAMPLE_BYTES, RankSample, error_summary
 
 if TYPE_CHECKING:  # type names only: both modules import this one
     from patches.profiler.engine_hooks import InstructionTimer
@@ -316,10 +316,8 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, build_entry: Calla
         sample = RankSample.from_entry(payload)
     except Exception as e:  # every collective below is still entered: the others learn who failed
         failure = e
-        payload = _Failure(rank, _summary(e))
-        nan = float("nan")
-        sample = RankSample(rank, layout.stage, layout.tp_rank, layout.dp_rank, nan, nan, nan, nan,
-                            failure=payload.summary)
+        payload = _Failure(rank, error_summary(e))
+        sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, e)
 
     replica = gather_replica(payload, layout, groups) if layout.in_replica else None
     samples = _gather_samples(sample, groups.world, layout.world_size)
@@ -379,10 +377,5 @@ def _outcome(replica, samples, build_meta, build):
     try:
         return ("ok", build(replica, build_meta().as_dict(), samples)), None
     except Exception as e:
-        reason = f"building the profile report: {_summary(e)}"
+        reason = f"building the profile report: {error_summary(e)}"
         return ("error", (f"the profile report was not built: rank 0 failed {reason}", [0], reason)), e
-
-
-def _summary(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {text}"[:200]

@@ -18,6 +18,12 @@ SAMPLE_BYTES = 256
 FAILURE_BYTES = SAMPLE_BYTES - _NUMBERS.size
 
 
+def error_summary(error: BaseException) -> str:
+    """'ErrorType: first line of the message', at most 200 characters: how a failed rank is named."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}"[:200]
+
+
 @dataclass(frozen=True)
 class RankSample:
     global_rank: int
@@ -40,6 +46,13 @@ class RankSample:
         return cls(int(entry["global_rank"]), int(entry["stage_id"]), int(entry["tp_rank"]), int(entry["dp_rank"]),
                    float(entry["train_batch_latency_s"]), total(("ForwardPass",)), total(("BackwardPass",)),
                    total(COMM_INSTRUCTIONS))
+
+    @classmethod
+    def failed(cls, global_rank: int, stage_id: int, tp_rank: int, dp_rank: int,
+               error: BaseException) -> "RankSample":
+        """A rank that could not build its entry: no timings, and why (error_summary)."""
+        nan = float("nan")
+        return cls(global_rank, stage_id, tp_rank, dp_rank, nan, nan, nan, nan, failure=error_summary(error))
 
     def to_bytes(self) -> bytes:
         numbers = _NUMBERS.pack(self.global_rank, self.stage_id, self.tp_rank, self.dp_rank,
