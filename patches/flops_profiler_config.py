@@ -16,6 +16,8 @@ What these patches change:
    every stage, then gathers one report at a point every rank passes (inside that train_batch) and
    prints it from global rank 0, honouring module_depth, top_modules, detailed and output_file (an
    output_file that cannot be written is one warning line on rank 0; training goes on on every rank).
+   The batch before it counts the FLOPs (pipeline_profiler.count_iteration, local to each rank), so the
+   profiled batch runs without the counting's dispatch mode, as --profile-flops-step does.
 3. A plain DeepSpeedEngine (no pipeline) gets the same: profiling starts at the first forward of
    profile_step on every rank and ends, with the same report, when step() closes that step.
 (The wall-clock timer fixes are pipeline_timers.py and section_timers.py.)
@@ -117,12 +119,12 @@ def _engine_profiler_never_enabled(self):
     return False
 
 
-def _profiler_for_this_step(engine):
-    """engine.flops_profiler when the section (or autotuning) asks for this step, no --profile-flops-step
-    flag overrides it and the user is not profiling already; else None."""
+def _profiler_for_this_step(engine, ahead=0):
+    """engine.flops_profiler when the section (or autotuning) asks for this step (ahead=1: for the next one),
+    no --profile-flops-step flag overrides it and the user is not profiling already; else None."""
     if _state["flag_step"] is not None or not wants_profiler(engine):
         return None
-    if engine.global_steps != engine.flops_profiler_profile_step():
+    if engine.global_steps + ahead != engine.flops_profiler_profile_step():
         return None
     profiler = engine.__dict__.get("flops_profiler")  # absent on an engine built before patches.apply()
     if profiler is None or engine.__dict__.get("flops_profiling_active"):  # user code is profiling this step
@@ -144,6 +146,7 @@ def _print_and_end(engine, profiler):
             if dist.get_rank() == 0:
                 print(f"warning: flops_profiler: {error}; training goes on", file=sys.stderr, flush=True)
     profiler.end_profile()
+    profiler.counting_pass = None
 
 
 def _set_autotuning_metric(engine, profiler):
@@ -158,12 +161,21 @@ def _set_autotuning_metric(engine, profiler):
 
 
 # ---------------------------------------------------------------- PipelineEngine
+COUNTING_PASS = "_flops_profiler_counting_pass"  # the engine attribute holding the batch before's counts
 def _profiling_train_batch(original_train_batch):
     def train_batch(self, data_iter=None):
         """DeepSpeed gap: the section's profiler lives in DeepSpeedEngine.step(), which PipelineEngine never calls."""
+        counted = self.__dict__.pop(COUNTING_PASS, None)  # the batch before counted; only the next may use it
+        if _profiler_for_this_step(self, ahead=1) is not None:
+            from patches.profiler.pipeline_profiler import count_iteration
+
+            loss, self.__dict__[COUNTING_PASS] = count_iteration(
+                self, self.global_steps, lambda: original_train_batch(self, data_iter))
+            return loss
         profiler = _profiler_for_this_step(self)
         if profiler is None:
             return original_train_batch(self, data_iter)
+        profiler.counting_pass = counted
         profiler.start_measuring()
         try:
             loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original

@@ -165,7 +165,8 @@ def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
 
 
 def test_config_section_on_a_plain_pipeline_module(tmp_path):
-    """3 stages, a tied layer, DeepSpeed's flops_profiler section: one report, and no 0.19.8 crash."""
+    """3 stages, a tied layer, DeepSpeed's flops_profiler section: one report, its FLOPs counted the batch before,
+    and no 0.19.8 crash."""
     config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
               "flops_profiler": {"enabled": True, "profile_step": 2, "module_depth": -1, "top_modules": 2,
                                  "detailed": True}}
@@ -177,6 +178,12 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
     assert output.count(HEADER) == 1
     assert "Profile Summary at step 2:" in output
     assert "bwd_microstep timer has already been started" not in output
+    # The batch before (global step 1) counted the FLOPs, as --profile-flops-step does: 4 micro-batches of 2
+    # through 4 Linear products of 16 x 16 (the tied one twice), 2 FLOPs a multiply-add.
+    assert ("counted in iteration 1 by a dispatch mode, so that iteration 2 ran without one; it ran the same "
+            "module calls, phase by phase, on every rank") in output
+    fwd = 4 * 4 * 2 * (2 * 16 * 16)
+    assert re.search(r"fwd flops of model:\s+" + re.escape(number_to_string(fwd)) + r"\s*$", output, re.M), output
 
 
 def test_config_section_on_a_plain_deepspeed_engine(tmp_path):

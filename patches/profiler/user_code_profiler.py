@@ -67,6 +67,7 @@ class UserCodeFlopsProfiler(PipelineFlopsProfiler, FlopsProfiler):
         if self.started:
             return
         self._report, self._namespace, self._events = None, None, None
+        self.counting_pass = None  # user code profiles one train_batch: its FLOPs are counted in it
         self._step = self.engine.global_steps + 1  # the iteration as Megatron's log numbers it
         self.start_measuring(ignore_list, self._publish if self.layout.is_pipeline else None)
 
@@ -85,10 +86,8 @@ class UserCodeFlopsProfiler(PipelineFlopsProfiler, FlopsProfiler):
             entry = self.rank_entry().as_dict()
             sample = RankSample.from_entry(entry)
         except Exception as error:  # the readers name this rank and why, instead of waiting for it
-            nan = float("nan")
             layout = self.layout
-            sample = RankSample(rank, layout.stage, layout.tp_rank, layout.dp_rank, nan, nan, nan, nan,
-                                failure=f"{type(error).__name__}: {error}"[:200])
+            sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, error)
             return store_exchange.Publication(rank, sample, None, None, host, wall_minus_perf_s)
         in_replica = self.layout.in_replica
         return store_exchange.Publication(rank, sample, entry if in_replica else None,
