@@ -10,8 +10,11 @@ pipeline 2 (4 heads, synthetic vocabulary 1024, fp32, no dropout). Every time is
 between two barriers; every ratio is of medians taken in this run, with plain iterations interleaved
 between the profiled ones so that a machine shared with other work slows both alike.
 
-1. Ours alone on the PipelineEngine: plain iterations, then rounds of (profiled, plain), then plain
-   again. Prints the profiled iteration over the median plain one, and the plain iterations after
+1. Ours alone on the PipelineEngine: plain iterations, then rounds of (counting, profiled, plain,
+   profiled counting in itself, plain), then plain again. "Counting" counts the FLOPs for the profiled
+   iteration after it, as --profile-flops-step does by default; "profiled counting in itself" is
+   --profile-flops-counting profiled. Prints each profiled iteration over the median plain one (the 5%
+   target is the first's), whether both counted the same FLOPs, and the plain iterations after
    profiling over those before it (anything the profiler leaves behind).
 2. Peers on the same PipelineEngine, interleaved: torch.utils.flop_counter.FlopCounterMode and
    torch.profiler (with_flops=True) around train_batch on every stage.
@@ -318,7 +321,7 @@ def worker(options):
            f"pipeline {PIPELINE}, vocabulary {args.padded_vocab_size}, fp32, dropout 0"
            f"{' (--quick: the tiniest GPT)' if options.quick else ''}")
 
-    # 1. Ours alone: before, rounds of (profiled, plain), after.
+    # 1. Ours alone: before, rounds of (counting, profiled, plain, profiled counting in itself, plain), after.
     plain_times(pipe_step, counts["warmup"])
     before = plain_times(pipe_step, counts["before"])
     state_before = engine_state(pipe)
