@@ -1,5 +1,4 @@
 """pretrain(): build the model on DeepSpeed, then train, log, evaluate, checkpoint and profile."""
-import functools
 import json
 import math
 import time
@@ -149,10 +148,9 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
         elif counts_before(args.profile_flops_step, args.profile_flops_counting, step):
             from patches.profiler.one_step import count_train_step
 
-            (loss, skipped), counting_pass = clock.timed(step, functools.partial(
-                count_train_step, engine, step,
-                lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler)))
-            clock.mark_perturbed(step)
+            (loss, skipped), counting_pass = count_train_step(
+                engine, step, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
+                clock)
         else:
             loss, skipped = clock.timed(step, lambda: train_step(forward_step_func, train_iterator, model, optimizer,
                                                                  lr_scheduler))

@@ -133,20 +133,23 @@ def _profiler_for_this_step(engine, ahead=0):
 
 
 def _print_and_end(engine, profiler):
-    """Collective: every rank of every stage profiled this step, and every rank is here."""
+    """Collective: every rank of every stage profiled this step, and every rank is here. Whatever happens,
+    nothing of the profile stays attached to the engine."""
     config = engine._config.flops_profiler_config
-    profiler.gather_report(config.profile_step)
-    if engine.autotuning_enabled():
-        _set_autotuning_metric(engine, profiler)
-    else:
-        try:
-            profiler.print_gathered(module_depth=config.module_depth, top_modules=config.top_modules,
-                                    detailed=config.detailed, output_file=config.output_file)
-        except ReportWriteError as error:  # every rank has it: training goes on on every rank
-            if dist.get_rank() == 0:
-                print(f"warning: flops_profiler: {error}; training goes on", file=sys.stderr, flush=True)
-    profiler.end_profile()
-    profiler.counting_pass = None
+    try:
+        profiler.gather_report(config.profile_step)
+        if engine.autotuning_enabled():
+            _set_autotuning_metric(engine, profiler)
+        else:
+            try:
+                profiler.print_gathered(module_depth=config.module_depth, top_modules=config.top_modules,
+                                        detailed=config.detailed, output_file=config.output_file)
+            except ReportWriteError as error:  # every rank has it: training goes on on every rank
+                if dist.get_rank() == 0:
+                    print(f"warning: flops_profiler: {error}; training goes on", file=sys.stderr, flush=True)
+    finally:
+        profiler.end_profile()
+        profiler.counting_pass = None
 
 
 def _set_autotuning_metric(engine, profiler):
@@ -179,8 +182,11 @@ def _profiling_train_batch(original_train_batch):
         profiler.start_measuring()
         try:
             loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original
-        finally:
-            profiler.stop_profile()
+        except BaseException:
+            profiler.end_profile()
+            profiler.counting_pass = None
+            raise
+        profiler.stop_profile()
         _print_and_end(self, profiler)
         return loss
 

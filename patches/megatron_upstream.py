@@ -140,10 +140,9 @@ def _announce(args: Namespace) -> None:
 
     yield_to_flag(args.profile_flops_step)
     if int(os.environ.get("RANK", "0")) == 0:
-        # Upstream loads its checkpoint after parsing: a run resumed past iteration N-1 counts in N (the report
-        # says where it counted).
+        # Upstream loads its checkpoint after parsing: where this run starts is not known yet.
         print(f"> FLOPs profiler (patches): iteration {args.profile_flops_step} will be profiled on every stage"
-              f"{counting_announcement(args.profile_flops_step, args.profile_flops_counting, 0)}; "
+              f"{counting_announcement(args.profile_flops_step, args.profile_flops_counting, None)}; "
               f"report files in {args.profile_flops_output}", flush=True)
 
 
@@ -182,9 +181,7 @@ def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callab
         if counts_before(megatron_args.profile_flops_step, megatron_args.profile_flops_counting, step):
             from patches.profiler.one_step import count_train_step
 
-            result, counted["pass"] = clock.timed(step, lambda: count_train_step(
-                model[0], step, lambda: original(*args, **kwargs)))
-            clock.mark_perturbed(step)
+            result, counted["pass"] = count_train_step(model[0], step, lambda: original(*args, **kwargs), clock)
             return result
         if step != megatron_args.profile_flops_step:
             return clock.timed(step, lambda: original(*args, **kwargs))

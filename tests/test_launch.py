@@ -101,7 +101,7 @@ def test_upstream_shaped_megatron_gets_the_profiler_flags_and_keeps_its_own_scri
     assert "step 1: unprofiled step" in lines
     assert "True True" in lines  # both patched
     assert ("> FLOPs profiler (patches): iteration 3 will be profiled on every stage, its FLOPs counted in "
-            "iteration 2; report files in") in process.stdout
+            "iteration 2 (in it if this run starts at iteration 3); report files in") in process.stdout
 
 
 @pytest.mark.parametrize("flags, message", [

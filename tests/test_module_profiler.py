@@ -564,6 +564,24 @@ def test_a_timing_pass_takes_the_counts_of_a_counting_pass_and_names_calls_that_
     timer.remove()
 
 
+def test_the_same_calls_on_other_shapes_are_named_too():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    def one_pass(batch, count_flops):
+        profiler = ModuleProfiler(model, count_flops=count_flops)
+        profiler.start()
+        model(torch.randn(batch, 8)).sum().backward()
+        profiler.stop()
+        profiler.remove()
+        return profiler
+
+    counter = one_pass(4, True)
+    assert one_pass(4, False).adopt_counts(counter) == []
+    timer = one_pass(2, False)  # the same calls on a smaller batch: other FLOPs
+    assert timer.adopt_counts(counter) == ["Sequential: fwd input shapes", "0: fwd input shapes",
+                                           "1: fwd input shapes", "2: fwd input shapes"]
+
+
 def _flops_only(tree):
     return {key: value for key, value in tree.items() if "latency" not in key and key != "children"} | {
         "children": [_flops_only(child) for child in tree["children"]]}

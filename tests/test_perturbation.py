@@ -122,6 +122,8 @@ def test_the_counting_iteration_is_never_a_baseline():
     assert counting_announcement(5, "previous", 4) == ", its FLOPs counted in it"  # resumed after iteration 4
     assert counting_announcement(1, "previous", 0) == ", its FLOPs counted in it"
     assert counting_announcement(5, "profiled", 0) == ", its FLOPs counted in it"
+    assert counting_announcement(5, "previous", None) == (
+        ", its FLOPs counted in iteration 4 (in it if this run starts at iteration 5)")
 
 
 def test_report_says_where_the_flops_were_counted():
@@ -138,9 +140,14 @@ def test_report_says_where_the_flops_were_counted():
     assert report["flops_counting"]["counted_iteration"] == 6
     assert report["flops_counting"]["calls_differ"] == [f"rank {entries[1]['global_rank']}: 3.mlp: fwd 4/5"]
     assert report["flops_counting"]["note"] == (
-        "counted in iteration 6 by a dispatch mode, so that iteration 7 ran without one; its module calls differ "
-        "from iteration 6's in 1 places (calls_differ): the FLOPs are iteration 6's")
+        "counted in iteration 6 by a dispatch mode, so that iteration 7 ran without one; its module calls or their "
+        "input shapes differ from iteration 6's in 1 places (calls_differ): the FLOPs are iteration 6's")
     assert "flops counted:" in format_report(report) and report["flops_counting"]["note"] in format_report(report)
-    entries[0]["counted_iteration"] = None
-    with pytest.raises(ValueError, match="the ranks counted FLOPs in different iterations"):
-        build_report(entries, make_meta())
+    entries[0]["counted_iteration"] = None  # this rank counted in the profiled iteration itself
+    mixed = build_report(entries, make_meta())
+    validate_report(mixed)
+    assert mixed["flops_counting"]["counted_iteration"] is None
+    counted_before = sorted(e["global_rank"] for e in entries[1:] if e["dp_rank"] == 0)
+    assert mixed["flops_counting"]["note"].startswith(
+        f"counted by a dispatch mode in iteration 6 on ranks {counted_before}; "
+        f"in iteration 7 on ranks [{entries[0]['global_rank']}]")

@@ -80,8 +80,8 @@ def test_flops_are_counted_in_the_iteration_before(profiled):
     process, _, report = profiled
     counting = report["flops_counting"]
     assert counting["counted_iteration"] == 2 and counting["calls_differ"] == []
-    assert counting["note"] == ("counted in iteration 2 by a dispatch mode, so that iteration 3 ran without one; "
-                                "it ran the same module calls, phase by phase, on every rank")
+    assert counting["note"] == ("counted in iteration 2 by a dispatch mode, so that iteration 3 ran without one; it "
+                                "ran the same module calls on inputs of the same shapes, phase by phase, on every rank")
     output = process.stdout + process.stderr
     assert "iteration 3 will be profiled on every stage, its FLOPs counted in iteration 2" in output
     assert counting["note"] in output
@@ -146,12 +146,13 @@ def test_no_recompute_without_checkpointing_and_the_flag_wins_over_the_config(tm
     assert report["flops_counting"]["counted_iteration"] == 1  # no iteration before it to count in
 
 
-def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
+@pytest.mark.parametrize("counting, counted", [("previous", 1), ("profiled", 2)])
+def test_plain_deepspeed_engine_gets_the_same_report(tmp_path, counting, counted):
     """--no-pipeline-parallel: a DeepSpeedEngine (pp=1, tp=2), profiled by the same flag, its FLOPs counted in
-    the profiled iteration itself (--profile-flops-counting profiled)."""
+    the iteration before (the default) or in the profiled one itself."""
     flags = ["--no-pipeline-parallel"] + layout(tp=2) + ["--global-batch-size", "8",
              "--train-iters", "2", "--profile-flops-step", "2", "--profile-flops-output", tmp_path,
-             "--profile-flops-counting", "profiled"]
+             "--profile-flops-counting", counting]
     process, _ = run_pretrain(tmp_path, 2, flags)
     assert process.returncode == 0, explain(process)
     assert (process.stdout + process.stderr).count(HEADER) == 1
@@ -160,8 +161,8 @@ def test_plain_deepspeed_engine_gets_the_same_report(tmp_path):
     fwd, bwd, _ = expected_flops(4, 8)
     assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"]) == (fwd, bwd)
     assert report["stages"][0]["instructions"]["BackwardPass"]["count"] == 4
-    assert report["flops_counting"]["counted_iteration"] == 2
-    assert report["flops_counting"]["note"] == "counted in iteration 2 itself, by a dispatch mode on its timed path"
+    assert report["flops_counting"]["counted_iteration"] == counted
+    assert report["flops_counting"]["calls_differ"] == []
 
 
 def test_config_section_on_a_plain_pipeline_module(tmp_path):
@@ -181,7 +182,7 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
     # The batch before (global step 1) counted the FLOPs, as --profile-flops-step does: 4 micro-batches of 2
     # through 4 Linear products of 16 x 16 (the tied one twice), 2 FLOPs a multiply-add.
     assert ("counted in iteration 1 by a dispatch mode, so that iteration 2 ran without one; it ran the same "
-            "module calls, phase by phase, on every rank") in output
+            "module calls on inputs of the same shapes, phase by phase, on every rank") in output
     fwd = 4 * 4 * 2 * (2 * 16 * 16)
     assert re.search(r"fwd flops of model:\s+" + re.escape(number_to_string(fwd)) + r"\s*$", output, re.M), output
 

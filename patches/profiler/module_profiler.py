@@ -77,7 +77,8 @@ class UncountedOp:
 class _Node:
     """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
     __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula", "ignored",
-                 "flops", "other_flops", "latency_s", "calls", "active", "since", "wall_since", "open_calls")
+                 "flops", "other_flops", "latency_s", "calls", "input_shapes", "active", "since", "wall_since",
+                 "open_calls")
 
     def __init__(self, name, module_type, ancestors, formula):
         self.name, self.type, self.formula = name, module_type, formula
@@ -92,6 +93,7 @@ class _Node:
         self.other_flops = [0, 0, 0]
         self.latency_s = [0.0, 0.0, 0.0]
         self.calls = [0, 0, 0]
+        self.input_shapes = [0, 0, 0]  # per phase, a hash of every call's input tensor shapes, in call order
         self.active = [0, 0, 0]  # entries on the stack, per phase
         self.since = [0.0, 0.0, 0.0]  # the phase clock when the node became active, per phase
         self.wall_since = [0.0, 0.0, 0.0]  # perf_counter when the node became active, per phase
@@ -269,6 +271,11 @@ def _tensors(value, found):
     return found
 
 
+def _shape_key(tensor):
+    """A tensor's shape for comparing two iterations' calls; a nested tensor has no sizes to read."""
+    return ("nested", tensor.dim()) if tensor.is_nested else tuple(tensor.shape)
+
+
 def _output_nodes(output):
     """The autograd nodes whose running means a call's backward has begun: each output's grad_fn and,
     for an output that is a view, its base's grad_fn (an in-place op on the view, e.g. by the caller,
@@ -390,7 +397,7 @@ class ModuleProfiler:
     def reset(self) -> None:
         now = self._now()
         for _, node in self._pairs:
-            for counter in (node.flops, node.other_flops, node.calls):
+            for counter in (node.flops, node.other_flops, node.calls, node.input_shapes):
                 counter[:] = [0, 0, 0]
             node.latency_s[:] = [0.0, 0.0, 0.0]
             node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
@@ -421,7 +428,8 @@ class ModuleProfiler:
     def adopt_counts(self, counter: "ModuleProfiler") -> List[str]:
         """Take the FLOPs (and uncounted ops) of `counter`, a counting pass over the same module tree in
         another iteration, keeping this profiler's calls and latencies. Returns the modules whose calls
-        differ between the two passes ("path: phase counted/timed", empty when the same calls ran)."""
+        differ between the two passes: "path: phase counted/timed" for the number of calls, "path: phase
+        input shapes" for the same number with other input shapes; empty when the same calls ran."""
         if [module for module, _ in counter._pairs] != [module for module, _ in self._pairs]:
             raise ValueError("adopt_counts: the counting pass profiled another module tree")
         differ = []
@@ -430,6 +438,8 @@ class ModuleProfiler:
             for phase, prefix in zip(PHASES, PHASE_PREFIXES):
                 if mine.calls[phase] != theirs.calls[phase]:
                     differ.append(f"{mine.path}: {prefix} {theirs.calls[phase]}/{mine.calls[phase]}")
+                elif mine.input_shapes[phase] != theirs.input_shapes[phase]:
+                    differ.append(f"{mine.path}: {prefix} input shapes")
         self._uncounted = dict(counter._uncounted)
         return differ
 
@@ -565,15 +575,19 @@ class ModuleProfiler:
 
     def _enter(self, node, args, kwargs):
         call = _Call(node)
+        tensors = _tensors((args, kwargs), [])
         if torch.is_grad_enabled():
             on_input_grad = functools.partial(self._on_input_grad, call)
-            for tensor in _tensors((args, kwargs), []):
+            for tensor in tensors:
                 if tensor.requires_grad:
                     call.inputs += 1
                     self._graph_hooks.append(tensor.register_hook(on_input_grad))
         phase = module_call_phase()
         call.entry = self._push(node, phase, self._now())
         node.calls[phase] += 1
+        # What adopt_counts compares between two iterations, beside the calls: a change of shape (a growing
+        # sequence length) changes the FLOPs with the same calls.
+        node.input_shapes[phase] = hash((node.input_shapes[phase], tuple(map(_shape_key, tensors))))
         node.open_calls.append(call)
         return call
 

@@ -3,6 +3,7 @@
 Shared by every Megatron that profiles through the patch set (our GPT fork, and upstream Megatron-DeepSpeed
 through patches.megatron_upstream), so the same flag gives the same report and the same files.
 """
+import functools
 import os
 import sys
 import time
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.files import write_tensorboard_scalars
-from patches.profiler.perturbation import Perturbation, apply_perturbation
+from patches.profiler.perturbation import IterationClock, Perturbation, apply_perturbation
 from patches.profiler.pipeline_profiler import CountingPass, PipelineFlopsProfiler, ReportWriteError, count_iteration
 
 StepResult = TypeVar("StepResult")
@@ -46,11 +47,15 @@ class StepProfileRequest:
         return os.path.join(self.output_dir, f"pipeline_trace_step{self.step}.json")
 
 
-def count_train_step(engine: DeepSpeedEngine, step: int,
-                     run_step: Callable[[], StepResult]) -> Tuple[StepResult, CountingPass]:
+def count_train_step(engine: DeepSpeedEngine, step: int, run_step: Callable[[], StepResult],
+                     clock: IterationClock) -> Tuple[StepResult, CountingPass]:
     """The iteration before the profiled one: its FLOPs counted on this rank (no collective), for the
-    profiled iteration's request (StepProfileRequest.counting_pass). Returns (run_step's result, the pass)."""
-    return count_iteration(engine, step, run_step)
+    profiled iteration's request (StepProfileRequest.counting_pass). Timed on `clock`, and marked there as
+    perturbed: never an unprofiled baseline. Returns (run_step's result, the pass)."""
+    try:
+        return clock.timed(step, functools.partial(count_iteration, engine, step, run_step))
+    finally:
+        clock.mark_perturbed(step)
 
 
 def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run_step: Callable[[], StepResult],

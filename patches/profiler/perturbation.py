@@ -31,12 +31,15 @@ def counts_before(profile_step: Optional[int], counting: str, step: int) -> bool
     return profile_step is not None and counting == "previous" and step == profile_step - 1
 
 
-def counting_announcement(profile_step: int, counting: str, first_done: int) -> str:
+def counting_announcement(profile_step: int, counting: str, first_done: Optional[int]) -> str:
     """The start-up line's tail: where the FLOPs will be counted. first_done: iterations done before this run
-    (a resumed run cannot count in an iteration it does not run)."""
-    if counting == "previous" and profile_step - 1 > first_done:
-        return f", its FLOPs counted in iteration {profile_step - 1}"
-    return ", its FLOPs counted in it"
+    (a resumed run cannot count in an iteration it does not run); None where not known yet."""
+    if counting != "previous" or profile_step == 1 or (first_done is not None and profile_step - 1 <= first_done):
+        return ", its FLOPs counted in it"
+    if first_done is None:
+        return (f", its FLOPs counted in iteration {profile_step - 1} (in it if this run starts at iteration "
+                f"{profile_step})")
+    return f", its FLOPs counted in iteration {profile_step - 1}"
 
 
 class IterationClock:

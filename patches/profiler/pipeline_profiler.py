@@ -134,6 +134,7 @@ class PipelineFlopsProfiler:
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
         self._report = None
+        self.calls_differ = []
         self._skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
         self.module_profiler.start()
         self.hooks.open_window()

@@ -382,11 +382,19 @@ def flops_counting(replica: List[dict], step: int) -> dict:
     if counted == {None}:
         return {"counted_iteration": step, "calls_differ": [],
                 "note": f"counted in iteration {step} itself, by a dispatch mode on its timed path"}
-    if len(counted) > 1:
-        raise ValueError(f"the ranks counted FLOPs in different iterations: {sorted(counted, key=str)}")
+    if len(counted) > 1:  # e.g. user code profiled the batch before on some ranks: they counted in the step
+        where = {}
+        for entry in replica:
+            where.setdefault(entry.get("counted_iteration") or step, []).append(entry["global_rank"])
+        parts = [f"in iteration {iteration} on ranks {sorted(ranks)}" for iteration, ranks in sorted(where.items())]
+        return {"counted_iteration": None, "calls_differ": differ,
+                "note": f"counted by a dispatch mode {'; '.join(parts)} (the ranks differ: each stage's FLOPs "
+                        "are those of the iteration its ranks counted)"}
     (iteration,) = counted
-    same = ("it ran the same module calls, phase by phase, on every rank" if not differ else
-            f"its module calls differ from iteration {iteration}'s in {len(differ)} places (calls_differ): "
+    same = ("it ran the same module calls on inputs of the same shapes, phase by phase, on every rank"
+            if not differ else
+            f"its module calls or their input shapes differ from iteration {iteration}'s in {len(differ)} places "
+            "(calls_differ): "
             f"the FLOPs are iteration {iteration}'s")
     return {"counted_iteration": iteration, "calls_differ": differ,
             "note": f"counted in iteration {iteration} by a dispatch mode, so that iteration {step} ran without "
