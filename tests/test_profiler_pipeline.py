@@ -13,6 +13,7 @@ from patches.profiler.printer import (
     number_to_string,
 )
 from tests.helpers.flags import PP2_TP2, PP2_TP2_CKPT, TINY_GPT, layout
+from tests.helpers.golden import assert_report_as_golden, assert_text_as_golden
 from tests.helpers.launch import REPO, explain, launch, run_pretrain
 from tests.helpers.tiny_gpt import dense_params, expected_flops
 
@@ -72,6 +73,13 @@ def test_report_states_its_perturbation(profiled):
     output = process.stdout + process.stderr
     assert f"perturbation = profiled / unprofiled:{' ' * 35}  {perturbation['ratio']:.3f}" in output
     assert perturbation["log_line_note"] in output
+
+
+def test_report_as_before(profiled):
+    """The JSON and the text are those this fixed run gave before (tests/data/golden/fork.*), times aside."""
+    process, _, report = profiled
+    assert_report_as_golden("fork", report)
+    assert_text_as_golden("fork", process.stdout + process.stderr)
 
 
 def test_flops_are_counted_in_the_iteration_before(profiled):
@@ -163,6 +171,9 @@ def test_plain_deepspeed_engine_gets_the_same_report(tmp_path, counting, counted
     assert report["stages"][0]["instructions"]["BackwardPass"]["count"] == 4
     assert report["flops_counting"]["counted_iteration"] == counted
     assert report["flops_counting"]["calls_differ"] == []
+    if counting == "previous":  # as this fixed run gave before, times aside
+        assert_report_as_golden("plain_engine", report)
+        assert_text_as_golden("plain_engine", process.stdout + process.stderr)
 
 
 def test_config_section_on_a_plain_pipeline_module(tmp_path):
@@ -185,6 +196,7 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
             "module calls on inputs of the same shapes, phase by phase, on every rank") in output
     fwd = 4 * 4 * 2 * (2 * 16 * 16)
     assert re.search(r"fwd flops of model:\s+" + re.escape(number_to_string(fwd)) + r"\s*$", output, re.M), output
+    assert_text_as_golden("section", output)  # as this fixed run printed it before, times aside
 
 
 def test_config_section_on_a_plain_deepspeed_engine(tmp_path):

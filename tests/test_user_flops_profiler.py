@@ -10,6 +10,7 @@ from patches.profiler.printer import HEADER
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.store_exchange import MIN_WAIT_S
 from tests.helpers.flags import PP2_TP2, TINY_GPT
+from tests.helpers.golden import assert_report_as_golden, assert_text_as_golden
 from tests.helpers.launch import REPO, explain, launch
 from tests.helpers.tiny_gpt import check_totals
 
@@ -56,6 +57,8 @@ def test_flops_profiler_of_model_0_prints_the_whole_pipeline_on_one_rank(tmp_pat
                          for row in by_type.values()) for by_type in aggregate_by_depth(report["model_tree"])]
     assert depth_latency == sorted(depth_latency, reverse=True), depth_latency  # inclusive: never grows with depth
     assert "store" in report["collection_note"] and "one host" in report["collection_note"]
+    assert_report_as_golden("user", report)  # as this fixed run gave before, times aside
+    assert_text_as_golden("user", output)
     printer = facts[1]
     assert printer["is_deepspeed_flops_profiler"] is True
     assert printer["getters"] == [totals["fwd_flops"], totals["fwd_flops"] // 2, totals["params"]]
