@@ -166,27 +166,36 @@ def set_pp1_checkpointing(engine, on):
 # cpu_s (summed over ranks) cover start to stop around the iteration; report_s what it takes after
 # that to get the numbers out (and remove the profiler).
 def profile_ours(engine, step, args, checkpointing, out_dir, count_before=False):
-    """count_before: FLOPs counted in an iteration run just before (count_iteration, as --profile-flops-step
-    does by default), so that the profiled iteration runs without the dispatch mode; its time is "counting_s"."""
-    from patches.profiler import PipelineFlopsProfiler
-    from patches.profiler.pipeline_profiler import count_iteration
+    """The profiled iteration of --profile-flops-step (one_step.ProfileSchedule), its parts timed apart: the
+    measurement around the iteration, then the gathered report, printed and written. count_before: FLOPs
+    counted in an iteration run just before (count_flops, as the schedule does by default), so that the
+    profiled iteration runs without the dispatch mode; its time is "counting_s"."""
+    from patches.profiler.context import RunDescription
+    from patches.profiler.files import write_json
+    from patches.profiler.measurement import StageMeasurement, count_flops
+    from patches.profiler.printer import format_report
+    from patches.profiler.sources import GatheredReports
 
-    counting_s, counting_pass = None, None
+    counting_s, counted = None, None
     if count_before:
-        counting_s, (_, counting_pass) = timed(lambda: count_iteration(engine, 0, step))
-    profiler = PipelineFlopsProfiler(engine, seq_length=args.seq_length, analytic=analytic(args, checkpointing),
-                                     activation_checkpointing=checkpointing, counting_pass=counting_pass)
+        counting_s, (_, counted) = timed(lambda: count_flops(engine, 0, step))
+    measurement = StageMeasurement(engine)
+    run = RunDescription(seq_length=args.seq_length, analytic=analytic(args, checkpointing),
+                         activation_checkpointing=checkpointing)
 
     def iteration():
-        profiler.start_profile()
+        measurement.start(counted=counted)
         step()
-        profiler.stop_profile()
+        measurement.stop()
 
     def report():
-        profiler.print_model_profile(output_file=os.path.join(out_dir, "ours.txt"))
-        profiler.write_json(os.path.join(out_dir, "ours.json"))
-        profiler.end_profile()
-        return profiler.get_report()["totals"]
+        reports = GatheredReports(measurement, run)
+        gathered = reports.report()
+        reports.emit(format_report(gathered) if reports.emits_here else "", os.path.join(out_dir, "ours.txt"))
+        path = os.path.join(out_dir, "ours.json")
+        reports.write(lambda: write_json(gathered, path), path)
+        measurement.detach()
+        return gathered["totals"]
 
     iteration_s, cpu_s, _ = timed_iteration(iteration)
     report_s, totals = timed(report)

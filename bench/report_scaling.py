@@ -104,17 +104,19 @@ def counting(counter):
 
 
 # ---------------------------------------------------------------- the former design, kept to compare
-def former_get_report(profiler):
+def former_get_report(profiler, seq_length):
     """The report as get_report made it before: world-wide all_gather_object, sequential pings, every rank builds."""
-    from patches.profiler.gather import RunMeta, measure_clock_offset
+    from patches.profiler.context import ReportContext, RunDescription
+    from patches.profiler.gather import measure_clock_offset
     from patches.profiler.report import build_report
 
-    entry = profiler.rank_entry().as_dict()
+    entry = profiler.measurement.entry().as_dict()
     entry["clock_offset_s"], entry["clock_error_s"] = measure_clock_offset()  # every rank pings rank 0 in turn
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, entry)
-    meta = RunMeta.of(profiler.engine, profiler.layout, profiler.engine.global_steps, profiler.seq_length)
-    return build_report(entries, meta.as_dict())
+    context = ReportContext.of(profiler.engine, profiler.layout, profiler.engine.global_steps,
+                               RunDescription(seq_length=seq_length))
+    return build_report(entries, context)
 
 
 # ---------------------------------------------------------------- one real run
@@ -157,19 +159,20 @@ def link_costs(rounds=20, big=1 << 20):
 
 def worker(shape, dp, repeats, result_path):
     from patches.profiler import PipelineFlopsProfiler
+    from patches.profiler.context import RunDescription
 
     args = init(shape, dp)
     engine, step = build_pipeline_engine(args)
     step()  # warm-up
-    profiler = PipelineFlopsProfiler(engine, seq_length=args.seq_length)
+    profiler = PipelineFlopsProfiler(engine, RunDescription(seq_length=args.seq_length))
     profiler.start_profile()
     step()
     profiler.stop_profile()
     measured = {"former": [], "current": []}
     for _ in range(repeats):
         for design in ("former", "current"):
-            profiler._report = None
-            get = (lambda: former_get_report(profiler)) if design == "former" else profiler.get_report
+            profiler._source.forget()  # build it again, by this design
+            get = (lambda: former_get_report(profiler, args.seq_length)) if design == "former" else profiler.get_report
             with counting(ByteCounter()) as counter:
                 seconds, report = timed(get)
             measured[design].append((seconds, counter.received))
@@ -179,9 +182,9 @@ def worker(shape, dp, repeats, result_path):
     dist.gather_object(mine, everyone, dst=0)
     if dist.get_rank() == 0:
         row = {"dp": dp, "world": dist.get_world_size(), "alpha": alpha, "beta": beta, "trip": trip,
-               "report": profiler.get_report(), "entries": profiler._entries,
+               "report": profiler.get_report(), "entries": profiler._source._entries,
                # as the collectives pickle them (a JSON round trip would change the pickled size)
-               "entry_bytes": max(len(pickle.dumps(e)) for e in profiler._entries)}
+               "entry_bytes": max(len(pickle.dumps(e)) for e in profiler._source._entries)}
         for design in measured:
             row[f"{design}_s"] = statistics.median(seconds for seconds, _ in measured[design])
             row[f"{design}_bytes"] = [ranks[design] for ranks in everyone]
@@ -209,7 +212,7 @@ def simulate(row, world, link):
 
     dp = world // PP
     alpha, beta, trip = link
-    meta = dict(_meta(row["report"]), world_size=world, data_parallel_size=dp)
+    context = _context(row["report"], dp)
     entries = replicated(row["entries"], dp)
     replica = [e for e in entries if e["dp_rank"] == 0]
     blobs = [pickle.dumps(e) for e in entries]
@@ -217,7 +220,7 @@ def simulate(row, world, link):
 
     start = time.perf_counter()
     former_entries = [pickle.loads(b) for b in blobs]
-    build_report(former_entries, meta)
+    build_report(former_entries, context)
     former_build = time.perf_counter() - start
     # ring all-gather of the sizes, then of the padded entries; (world - 1) sequential rounds of pings
     former_comm = 2 * (world - 1) * alpha + (world - 1) * (8 + entry_bytes) * beta + (world - 1) * CLOCK_ROUNDS * trip
@@ -228,7 +231,7 @@ def simulate(row, world, link):
     start = time.perf_counter()
     current_samples = [RankSample.from_bytes(b) for b in raw]
     stage_entries = [pickle.loads(pickle.dumps(e)) for e in replica]
-    report = build_report(stage_entries, meta, current_samples)
+    report = build_report(stage_entries, context, current_samples)
     report_bytes = len(pickle.dumps(report))
     current_build = time.perf_counter() - start
     current_comm = ((PP - 1) * CLOCK_ROUNDS * trip  # the replica's other rank pings rank 0
@@ -242,13 +245,14 @@ def simulate(row, world, link):
             "former_build_s": former_build, "current_build_s": current_build}
 
 
-def _meta(report):
+def _context(report, dp):
+    """The context of a real run's report, at dp replicas."""
+    from patches.profiler.context import ReportContext, RunDescription
+
     par = report["parallelism"]
-    return {"step": report["step"], "world_size": par["world_size"], "pipeline_parallel_size": PP,
-            "tensor_parallel_size": 1, "data_parallel_size": par["data_parallel_size"],
-            "micro_batches": par["micro_batches"], "micro_batch_size": par["micro_batch_size"],
-            "seq_length": par["seq_length"], "activation_checkpointing": report["activation_checkpointing"],
-            "analytic": None, "peak_tflops": None, "device_name": "cpu", "dtype": "fp32"}
+    return ReportContext(report["step"], PP * dp, PP, 1, dp, par["micro_batches"], par["micro_batch_size"],
+                         report["activation_checkpointing"], "cpu", "fp32", None,
+                         RunDescription(seq_length=par["seq_length"]))
 
 
 # ---------------------------------------------------------------- printing

@@ -21,7 +21,7 @@ from megatron.core.enums import ModelType
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
 from patches.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
-from patches.profiler.perturbation import COUNTING_CHOICES, COUNTING_HELP
+from patches.megatron_flags import add_profiler_flags, check_profiler_flags
 
 EXIT_BAD_ARGS = EXIT_BAD_INPUT
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
@@ -315,24 +315,9 @@ def _add_deepspeed_args(parser):
 
 
 def _add_profiler_args(parser):
-    g = parser.add_argument_group("FLOPs profiler")
-    g.add_argument("--profile-flops-step", type=_positive_int_flag, default=None,
-                   help="profile this iteration on every pipeline stage and print one gathered report")
-    g.add_argument("--profile-flops-output", default=".",
-                   help="directory for flops_profile_step{N}.json (default: working directory)")
-    g.add_argument("--profile-flops-counting", choices=COUNTING_CHOICES, default="previous", help=COUNTING_HELP)
+    g = add_profiler_flags(parser)  # --profile-flops-step, --profile-flops-output, --profile-flops-counting
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense peak TFLOPS, for MFU when the device is not in the table")
-
-
-def _positive_int_flag(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def parse_args(argv=None, extra_args_provider=None, defaults=None, world_size=None):
@@ -660,16 +645,16 @@ def _check_indexed_datasets(data_path):
 
 
 def _validate_profiler(args):
+    try:
+        check_profiler_flags(args)
+    except PatchConfigError as error:
+        raise ArgumentError(str(error)) from None
     step = args.profile_flops_step
     if step is not None:
-        _require(step <= args.train_iters,
-                 f"--profile-flops-step {step} is beyond --train-iters {args.train_iters}")
         if args.train_tokens is not None:
             last = -(-args.train_tokens // (args.global_batch_size * args.seq_length))
             _require(step <= last, f"--profile-flops-step {step} would never run: --train-tokens {args.train_tokens} "
                                    f"is reached at iteration {last}")
-        out = args.profile_flops_output
-        _require(_writable_dir(out), f"--profile-flops-output {out} is not a writable directory")
         if args.load:
             from megatron.checkpointing import latest_iteration
 
@@ -679,16 +664,6 @@ def _validate_profiler(args):
                      f"iteration {resumed}, so training resumes at iteration {(resumed or 0) + 1}")
     if args.peak_tflops is not None:
         _require(args.peak_tflops > 0, "--peak-tflops must be > 0")
-
-
-def _writable_dir(path):
-    """An existing writable directory, or one that can be created in an existing writable parent."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return False
-    if os.path.isdir(path):
-        return os.access(path, os.W_OK | os.X_OK)
-    parent = os.path.dirname(os.path.abspath(path))
-    return os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)
 
 
 def _build_deepspeed_config(args):

@@ -21,7 +21,8 @@ from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
-from patches.profiler.perturbation import IterationClock, counting_announcement, counts_before
+from patches.profiler.context import RunDescription
+from patches.profiler.one_step import FileOutput, ProfileSchedule, counting_announcement
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,
@@ -133,27 +134,17 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     _announce_recompute(args)
     _announce_profiling(args, engine)
     interval, interval_start = IntervalStats(), time.time()
-    clock = IterationClock()  # each iteration's time: the profiled one is compared with those before it
+    # counts, profiles and reports --profile-flops-step's iteration; times every other one
+    schedule = ProfileSchedule(args.profile_flops_step, lambda _: _describe_run(args),
+                               FileOutput(args.profile_flops_output, writer), counting=args.profile_flops_counting)
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
-    counting_pass = None  # the FLOPs of the iteration before --profile-flops-step, counted there
     while iteration < args.train_iters and (args.train_tokens is None or
                                             args.consumed_train_tokens < args.train_tokens):
         step = iteration + 1
         args.curr_iteration = step
-        if args.profile_flops_step == step:
-            loss, skipped = _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer,
-                                                 lr_scheduler, writer, clock, counting_pass)
-            counting_pass = None
-        elif counts_before(args.profile_flops_step, args.profile_flops_counting, step):
-            from patches.profiler.one_step import count_train_step
-
-            (loss, skipped), counting_pass = count_train_step(
-                engine, step, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
-                clock)
-        else:
-            loss, skipped = clock.timed(step, lambda: train_step(forward_step_func, train_iterator, model, optimizer,
-                                                                 lr_scheduler))
+        loss, skipped = schedule.run(engine, step, lambda: train_step(forward_step_func, train_iterator, model,
+                                                                       optimizer, lr_scheduler))
         iteration = step
         args.consumed_train_samples += args.global_batch_size
         args.actual_seq_length = args.seq_length
@@ -224,25 +215,15 @@ def _announce_profiling(args, engine):
                  + counting_announcement(args.profile_flops_step, args.profile_flops_counting, args.iteration))
 
 
-def _profiled_train_step(args, step, forward_step_func, train_iterator, model, optimizer, lr_scheduler,
-                         writer=None, clock=None, counting_pass=None):
-    """Profile this step on every rank (patches.profiler.one_step: the report, its JSON and trace); the report
-    compares it with the unprofiled iterations `clock` timed before it."""
-    from patches.profiler.one_step import StepProfileRequest, profile_train_step
-
-    unprofiled_s, unprofiled = clock.unprofiled_before(step) if clock is not None else (None, [])
+def _describe_run(args):
+    """What our arguments say of the run, for the profile report."""
     stage_layers = pipeline_stage_layers(args)
-    request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
-                                 analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
-                                 peak_tflops=args.peak_tflops,
-                                 # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
-                                 activation_checkpointing=bool(args.checkpoint_activations),
-                                 recompute_note=recompute_shortfall(args, stage_layers),
-                                 unprofiled_iter_s=unprofiled_s, unprofiled_iterations=unprofiled,
-                                 log_line_flops=upstream_flops_per_iteration(args), counting_pass=counting_pass)
-    return profile_train_step(
-        model[0], request, lambda: train_step(forward_step_func, train_iterator, model, optimizer, lr_scheduler),
-        tensorboard_writer=writer)
+    return RunDescription(seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
+                          peak_tflops=args.peak_tflops,
+                          # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
+                          activation_checkpointing=bool(args.checkpoint_activations),
+                          recompute_note=recompute_shortfall(args, stage_layers),
+                          log_line_flops=upstream_flops_per_iteration(args))
 
 
 def _record_loss(args, iteration, loss):

@@ -12,14 +12,13 @@ every stage that started through the next train_batch and reports the whole pipe
 FlopsProfiler, unchanged; so does get_model_profile.
 """
 import functools
-import weakref
-from typing import Optional, Union
 
 from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.runtime.pipe.module import PipelineModule
 
+from patches import engine_registry
 from patches.profiler import store_exchange
+from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
 
 WHAT_IT_FIXES = "FlopsProfiler(model[0]) on a PipelineEngine"
 
@@ -35,42 +34,18 @@ def install():
     FlopsProfiler.__new__ = staticmethod(_pipeline_aware_new)
 
 
-# PipelineModule -> its PipelineEngine, and each PipelineEngine's ordinal: engines are built in the same
-# order on every rank, so the ordinal names one engine on all of them (in the profiler's store keys).
-_ENGINE_OF_MODULE = weakref.WeakKeyDictionary()
-_ORDINAL_OF_ENGINE = weakref.WeakKeyDictionary()
-
-
 def _registering_init(original_init):
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        _ENGINE_OF_MODULE[self.module] = self
-        _ORDINAL_OF_ENGINE[self] = len(_ORDINAL_OF_ENGINE)
+        engine_registry.register(self)
 
     return __init__
-
-
-def engine_ordinal(engine: PipelineEngine) -> Union[int, str]:
-    """The engine's ordinal in this process ('unregistered' for one built before patches.apply())."""
-    return _ORDINAL_OF_ENGINE.get(engine, "unregistered")
-
-
-def pipeline_engine_of(model, ds_engine=None) -> Optional[PipelineEngine]:
-    """The PipelineEngine that FlopsProfiler(model, ds_engine) profiles, or None (a plain module or engine)."""
-    for candidate in (model, ds_engine):
-        if isinstance(candidate, PipelineEngine):
-            return candidate
-        if isinstance(candidate, PipelineModule) and candidate in _ENGINE_OF_MODULE:
-            return _ENGINE_OF_MODULE[candidate]
-    return None
 
 
 def _pipeline_aware_new(cls, model=None, ds_engine=None, *args, **kwargs):
     """FlopsProfiler(model, ds_engine=None, recompute_fwd_factor=0.0): the pipeline-aware profiler where
     model (or ds_engine) is a PipelineEngine; Python then runs its __init__ with the same arguments."""
-    if cls is FlopsProfiler:
-        if pipeline_engine_of(model, ds_engine) is not None:
-            from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
-            return object.__new__(UserCodeFlopsProfiler)
+    if cls is FlopsProfiler and engine_registry.pipeline_engine_of(model, ds_engine) is not None:
+        return object.__new__(UserCodeFlopsProfiler)
     return object.__new__(cls)

@@ -11,27 +11,27 @@ What these patches change:
    log line still says whether the section is on); the section is read directly from the engine's
    config instead, and engine.flops_profiler is a UserCodeFlopsProfiler (DeepSpeed's FlopsProfiler API,
    measured numbers, safe on any subset of ranks) on every rank.
-2. PipelineEngine.train_batch, at the section's profile_step (DeepSpeed's meaning: the batch that
-   starts when global_steps == profile_step), runs under PipelineFlopsProfiler on every rank of
-   every stage, then gathers one report at a point every rank passes (inside that train_batch) and
-   prints it from global rank 0, honouring module_depth, top_modules, detailed and output_file (an
-   output_file that cannot be written is one warning line on rank 0; training goes on on every rank).
-   The batch before it counts the FLOPs (pipeline_profiler.count_iteration, local to each rank), so the
-   profiled batch runs without the counting's dispatch mode, as --profile-flops-step does.
-3. A plain DeepSpeedEngine (no pipeline) gets the same: profiling starts at the first forward of
-   profile_step on every rank and ends, with the same report, when step() closes that step.
+2. PipelineEngine.train_batch goes through the engine's one profile schedule (profiler/one_step.py, as
+   --profile-flops-step does), in DeepSpeed's numbering: the batch that starts when global_steps ==
+   profile_step is profiled on every rank of every stage, the batch before it counts its FLOPs. One
+   report is gathered at a point every rank passes (inside that train_batch) and printed from global
+   rank 0, honouring module_depth, top_modules, detailed and output_file (an output_file that cannot be
+   written is one warning line on rank 0; training goes on on every rank); engine.flops_profiler then
+   holds it, for the getters on any rank.
+3. A plain DeepSpeedEngine (no pipeline) gets the same report: profiling starts at the first forward of
+   profile_step on every rank and ends when step() closes that step (its FLOPs counted in it).
 (The wall-clock timer fixes are pipeline_timers.py and section_timers.py.)
 """
 import functools
-import sys
+import weakref
+from dataclasses import dataclass
 
 import deepspeed.runtime.engine as ds_engine
-import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
-from patches.profiler.pipeline_profiler import ReportWriteError
+from patches.profiler.measurement import ACTIVE
 
 WHAT_IT_FIXES = "the flops_profiler section (and engine.flops_profiler)"
 
@@ -119,43 +119,41 @@ def _engine_profiler_never_enabled(self):
     return False
 
 
-def _profiler_for_this_step(engine, ahead=0):
-    """engine.flops_profiler when the section (or autotuning) asks for this step (ahead=1: for the next one),
-    no --profile-flops-step flag overrides it and the user is not profiling already; else None."""
-    if _state["flag_step"] is not None or not wants_profiler(engine):
-        return None
-    if engine.global_steps + ahead != engine.flops_profiler_profile_step():
-        return None
-    profiler = engine.__dict__.get("flops_profiler")  # absent on an engine built before patches.apply()
-    if profiler is None or engine.__dict__.get("flops_profiling_active"):  # user code is profiling this step
-        return None
-    return profiler
+def _section_serves(engine):
+    """The section (or autotuning) is on, no --profile-flops-step flag overrides it, the engine has our
+    engine.flops_profiler, and the user is not profiling it right now."""
+    ours = hasattr(engine.__dict__.get("flops_profiler"), "hold")  # not DeepSpeed's (an engine built unpatched)
+    return _state["flag_step"] is None and wants_profiler(engine) and ours and not engine.__dict__.get(ACTIVE)
 
 
-def _print_and_end(engine, profiler):
-    """Collective: every rank of every stage profiled this step, and every rank is here. Whatever happens,
-    nothing of the profile stays attached to the engine."""
-    config = engine._config.flops_profiler_config
-    try:
-        profiler.gather_report(config.profile_step)
+@dataclass(frozen=True)
+class SectionOutput:
+    """What the section does with its report: global rank 0 prints it as the section asks, or, under autotuning,
+    the engine gets DeepSpeed's autotuning metrics; engine.flops_profiler holds it afterwards on every rank."""
+    engine: DeepSpeedEngine
+
+    def deliver(self, reports, step: int) -> None:
+        """Collective: every rank of every stage profiled this step, and every rank is here."""
+        from patches.profiler.printer import format_report
+        from patches.profiler.sources import ReportWriteError, warn_on_rank_0
+
+        engine, config = self.engine, self.engine._config.flops_profiler_config
+        report = reports.report(step)
         if engine.autotuning_enabled():
-            _set_autotuning_metric(engine, profiler)
+            _set_autotuning_metric(engine, report)
         else:
             try:
-                profiler.print_gathered(module_depth=config.module_depth, top_modules=config.top_modules,
-                                        detailed=config.detailed, output_file=config.output_file)
+                text = format_report(report, module_depth=config.module_depth, top_modules=config.top_modules,
+                                     detailed=config.detailed) if reports.emits_here else ""
+                reports.emit(text, config.output_file)
             except ReportWriteError as error:  # every rank has it: training goes on on every rank
-                if dist.get_rank() == 0:
-                    print(f"warning: flops_profiler: {error}; training goes on", file=sys.stderr, flush=True)
-    finally:
-        profiler.end_profile()
-        profiler.counting_pass = None
+                warn_on_rank_0(f"flops_profiler: {error}; training goes on")
+        engine.flops_profiler.hold(report)
 
 
-def _set_autotuning_metric(engine, profiler):
+def _set_autotuning_metric(engine, report):
     """DeepSpeed's _autotuning_exit reads engine.flops as one micro-batch's fwd + bwd FLOPs per GPU (its own
     profiler guesses 3x the forward); ours is the measured forward + backward."""
-    report = profiler.get_report()
     totals, layout = report["totals"], report["parallelism"]
     micro_batches = layout["micro_batches"]
     gpus = layout["pipeline_parallel_size"] * layout["tensor_parallel_size"]
@@ -164,31 +162,30 @@ def _set_autotuning_metric(engine, profiler):
 
 
 # ---------------------------------------------------------------- PipelineEngine
-COUNTING_PASS = "_flops_profiler_counting_pass"  # the engine attribute holding the batch before's counts
+# Each engine's profile schedule, in DeepSpeed's numbering (an iteration is the global_steps its batch starts at).
+_SCHEDULES = weakref.WeakKeyDictionary()
+
+
+def _schedule_of(engine):
+    from patches.profiler.context import UNDESCRIBED
+    from patches.profiler.one_step import ProfileSchedule
+
+    if engine not in _SCHEDULES:
+        _SCHEDULES[engine] = ProfileSchedule(engine.flops_profiler_profile_step(), lambda _: UNDESCRIBED,
+                                             SectionOutput(engine), timed=False)
+    return _SCHEDULES[engine]
+
+
 def _profiling_train_batch(original_train_batch):
     def train_batch(self, data_iter=None):
         """DeepSpeed gap: the section's profiler lives in DeepSpeedEngine.step(), which PipelineEngine never calls."""
-        counted = self.__dict__.pop(COUNTING_PASS, None)  # the batch before counted; only the next may use it
-        if _profiler_for_this_step(self, ahead=1) is not None:
-            from patches.profiler.pipeline_profiler import count_iteration
-
-            loss, self.__dict__[COUNTING_PASS] = count_iteration(
-                self, self.global_steps, lambda: original_train_batch(self, data_iter))
-            return loss
-        profiler = _profiler_for_this_step(self)
-        if profiler is None:
+        if not _section_serves(self):
             return original_train_batch(self, data_iter)
-        profiler.counting_pass = counted
-        profiler.start_measuring()
-        try:
-            loss = self.train_batch(data_iter)  # the profiler's timed wrapper around the original
-        except BaseException:
-            profiler.end_profile()
-            profiler.counting_pass = None
-            raise
-        profiler.stop_profile()
-        _print_and_end(self, profiler)
-        return loss
+
+        def run_batch():  # the profiler's timed train_batch where it shadows the engine's, else DeepSpeed's own
+            return self.__dict__.get("train_batch", functools.partial(original_train_batch, self))(data_iter)
+
+        return _schedule_of(self).run(self, self.global_steps, run_batch)
 
     train_batch.__wrapped__ = original_train_batch
     return train_batch
@@ -198,22 +195,33 @@ def _profiling_train_batch(original_train_batch):
 def _profiling_forward(original_forward):
     def forward(self, *inputs, **kwargs):
         """DeepSpeed gap: the section's profiler counts global rank 0's first forward micro-batch only."""
-        profiler = None if isinstance(self, PipelineEngine) else _profiler_for_this_step(self)
-        if profiler is None:
+        if isinstance(self, PipelineEngine) or not _section_serves(self) or \
+                self.global_steps != self.flops_profiler_profile_step():
             return original_forward(self, *inputs, **kwargs)
-        profiler.start_measuring()  # shadows forward, backward and step on this engine with timed ones
+        from patches.profiler.measurement import StageMeasurement
+        from patches.profiler.sources import GatheredReports
+
+        measurement = StageMeasurement(self)
+        measurement.start()  # shadows forward, backward and step on this engine with timed ones
         timed_step = self.step
 
         def step(*args, **kwargs):
             steps_before = self.global_steps
             result = timed_step(*args, **kwargs)
             if self.global_steps != steps_before:  # the accumulation boundary closed the profiled step
-                profiler.stop_profile()
-                _print_and_end(self, profiler)  # end_profile removes this wrapper with the others
+                measurement.stop()
+                try:
+                    SectionOutput(self).deliver(GatheredReports(measurement), steps_before)
+                finally:
+                    measurement.detach()  # removes this wrapper with the others
             return result
 
         self.step = step
-        return self.forward(*inputs, **kwargs)  # the profiler's timed forward
+        try:
+            return self.forward(*inputs, **kwargs)  # the profiler's timed forward
+        except BaseException:
+            measurement.detach()
+            raise
 
     forward.__wrapped__ = original_forward
     return forward

@@ -15,24 +15,24 @@ import functools
 import inspect
 import os
 import sys
-from argparse import ArgumentParser, Namespace
+from argparse import Namespace
 from types import ModuleType
 from typing import Callable, List, Optional
 
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
-from patches.profiler.perturbation import COUNTING_CHOICES, COUNTING_HELP, counting_announcement, counts_before
+from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags
 
-PROFILE_STEP_FLAG = "--profile-flops-step"
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
 STILL_WORKS = "the DeepSpeed config's flops_profiler section still profiles pipeline runs"
 
 
 class _State:
-    """What install() was told, and whether the Megatron found profiles itself."""
+    """What install() was told, whether the Megatron found profiles itself, and the run's profile schedule."""
     installed = False
     profile_step_requested = False
     megatron_profiles_itself = False
+    schedule = None  # one_step.ProfileSchedule, made from the parsed arguments on first use
 
 
 def install(argv: List[str]) -> None:
@@ -72,36 +72,11 @@ def _replace(module: ModuleType, name: str, original: Callable, patched: Callabl
 
 
 # ---------------------------------------------------------------- the flags
-def add_profiler_flags(parser: ArgumentParser) -> ArgumentParser:
-    """--profile-flops-step and --profile-flops-output, as our GPT fork defines them."""
-    group = parser.add_argument_group("FLOPs profiler (patches)")
-    group.add_argument(PROFILE_STEP_FLAG, type=int, default=None,
-                       help="profile this iteration on every pipeline stage and print one gathered report")
-    group.add_argument("--profile-flops-output", default=".",
-                       help="directory for flops_profile_step{N}.json and pipeline_trace_step{N}.json")
-    group.add_argument("--profile-flops-counting", choices=COUNTING_CHOICES, default="previous", help=COUNTING_HELP)
-    return parser
-
-
-def check_profiler_flags(args: Namespace) -> None:
-    """Raise PatchConfigError on a --profile-flops-step that could never run or report."""
-    step = args.profile_flops_step
-    if step is None:
-        return
-    if step < 1:
-        raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} must be >= 1")
-    if not getattr(args, "deepspeed", False):
+def check_upstream_profiler_flags(args: Namespace) -> None:
+    """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run."""
+    check_profiler_flags(args)
+    if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
-    train_iters = getattr(args, "train_iters", None)
-    if train_iters is not None and step > train_iters:
-        raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} is beyond --train-iters {train_iters}")
-    output = args.profile_flops_output
-    try:
-        os.makedirs(output, exist_ok=True)
-    except OSError as error:
-        raise PatchConfigError(f"--profile-flops-output {output} cannot be made: {error.strerror}") from None
-    if not os.access(output, os.W_OK):
-        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory")
 
 
 def _patch_parse_args(module: ModuleType) -> None:
@@ -120,11 +95,12 @@ def _parse_args_with_profiler_flags(original: Callable) -> Callable:
         def provider(parser):
             if extra_args_provider is not None:
                 parser = extra_args_provider(parser)
-            return add_profiler_flags(parser)
+            add_profiler_flags(parser)
+            return parser
 
         parsed = original(provider, *args, **kwargs)
         try:
-            check_profiler_flags(parsed)
+            check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
             exit_with_one_line(str(error))
         _announce(parsed)
@@ -137,6 +113,7 @@ def _announce(args: Namespace) -> None:
     if args.profile_flops_step is None:
         return
     from patches.flops_profiler_config import yield_to_flag
+    from patches.profiler.one_step import counting_announcement
 
     yield_to_flag(args.profile_flops_step)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -164,59 +141,51 @@ def _patch_train_step(module: ModuleType) -> None:
 
 
 def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:
-    from patches.profiler.perturbation import IterationClock
-
-    # Upstream's own timers are its business: the unprofiled iterations the report compares with are timed
-    # here, around its train_step, on the clock the profiled one is timed on.
-    clock = IterationClock()
-    counted = {}  # the CountingPass of the iteration before the profiled one, under "pass"
-
     @functools.wraps(original)
     def train_step(*args, **kwargs):
         megatron_args = global_vars.get_args()
-        step = _iteration_being_run(megatron_args)
-        if step is None:
+        if getattr(megatron_args, "profile_flops_step", None) is None:
             return original(*args, **kwargs)
         model = kwargs["model"] if "model" in kwargs else args[2]
-        if counts_before(megatron_args.profile_flops_step, megatron_args.profile_flops_counting, step):
-            from patches.profiler.one_step import count_train_step
-
-            result, counted["pass"] = count_train_step(model[0], step, lambda: original(*args, **kwargs), clock)
-            return result
-        if step != megatron_args.profile_flops_step:
-            return clock.timed(step, lambda: original(*args, **kwargs))
-        return _profile(model[0], megatron_args, step, global_vars, lambda: original(*args, **kwargs), clock,
-                        counted.pop("pass", None))
+        # Upstream's own timers are its business: the schedule times its train_step, the unprofiled
+        # iterations the report compares with on the clock the profiled one is timed on.
+        return _schedule_of(megatron_args, global_vars).run(model[0], _iteration_being_run(megatron_args),
+                                                            lambda: original(*args, **kwargs))
 
     return train_step
 
 
-def _iteration_being_run(args: Namespace) -> Optional[int]:
+def _schedule_of(args: Namespace, global_vars: ModuleType):
+    """The run's one ProfileSchedule, made on first use from upstream's parsed arguments."""
+    from patches.profiler.one_step import FileOutput, ProfileSchedule
+
+    if _State.schedule is None:
+        get_writer = getattr(global_vars, "get_tensorboard_writer", None)
+        writer = get_writer() if callable(get_writer) else None
+        _State.schedule = ProfileSchedule(args.profile_flops_step, functools.partial(_describe_run, args),
+                                          FileOutput(args.profile_flops_output, writer),
+                                          counting=args.profile_flops_counting)
+    return _State.schedule
+
+
+def _iteration_being_run(args: Namespace) -> int:
     """The 1-based iteration train() is running: it sets curr_iteration to the count done before train_step."""
-    if getattr(args, "profile_flops_step", None) is None:
-        return None
     if not hasattr(args, "curr_iteration"):  # the same on every rank: all exit together
         exit_with_one_line("patches.launch: this Megatron's train() sets no args.curr_iteration before "
                            f"train_step: {PROFILE_STEP_FLAG} cannot find its iteration ({STILL_WORKS})")
     return args.curr_iteration + 1
 
 
-def _profile(engine, args: Namespace, step: int, global_vars: ModuleType, run_step: Callable, clock,
-             counting_pass=None):
+def _describe_run(args: Namespace, engine):
+    """What upstream's arguments say of the run, for the report (RunDescription)."""
     from patches.profiler.analytic_flops import recompute_shortfall
-    from patches.profiler.one_step import StepProfileRequest, profile_train_step
+    from patches.profiler.context import RunDescription
 
     view, stage_layers = _analytic_view(args, engine)
     analytic = upstream_analytic_flops(view, stage_layers)
-    unprofiled_s, unprofiled = clock.unprofiled_before(step)
-    request = StepProfileRequest(step=step, output_dir=args.profile_flops_output, seq_length=args.seq_length,
-                                 analytic=analytic,
-                                 recompute_note=recompute_shortfall(view, stage_layers) if analytic else None,
-                                 unprofiled_iter_s=unprofiled_s, unprofiled_iterations=unprofiled,
-                                 log_line_flops=upstream_log_line_flops(args), counting_pass=counting_pass)
-    get_writer = getattr(global_vars, "get_tensorboard_writer", None)
-    writer = get_writer() if callable(get_writer) else None
-    return profile_train_step(engine, request, run_step, tensorboard_writer=writer)
+    return RunDescription(seq_length=args.seq_length, analytic=analytic,
+                          recompute_note=recompute_shortfall(view, stage_layers) if analytic else None,
+                          log_line_flops=upstream_log_line_flops(args))
 
 
 def upstream_log_line_flops(args: Namespace) -> Optional[float]:

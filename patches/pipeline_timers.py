@@ -11,6 +11,7 @@ import weakref
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.flops_profiler_config import wants_profiler
+from patches.profiler.measurement import ACTIVE
 
 # Per engine, the timers a running pipeline instruction started (kept off the engine: profiling leaves
 # no attribute behind).
@@ -34,7 +35,7 @@ def install():
 
 def _timers_fixed_for(engine):
     """Engines whose section is on, or that a PipelineFlopsProfiler is profiling; others run DeepSpeed's own."""
-    return wants_profiler(engine) or engine.__dict__.get("flops_profiling_active", False)
+    return wants_profiler(engine) or engine.__dict__.get(ACTIVE, False)
 
 
 def _start_timers_once(self, timer_names):

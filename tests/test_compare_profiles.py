@@ -12,6 +12,7 @@ import torch.nn as nn
 from patches.profiler.files import write_json
 from patches.profiler.module_profiler import ModuleProfiler
 from patches.profiler.report import build_report
+from tests.helpers.contexts import report_context
 from tests.helpers.launch import load_tool
 from tests.helpers.profiled_runs import profiled_run
 
@@ -107,11 +108,7 @@ def tiny_model_report(path):
     profiler.stop()
     entry = {"global_rank": 0, "stage_id": 0, "tp_rank": 0, "dp_rank": 0, "modules": profiler.tree(),
              "instructions": {}, "train_batch_latency_s": 0.01, "peak_memory_bytes": None}
-    meta = {"step": 1, "world_size": 1, "pipeline_parallel_size": 1, "tensor_parallel_size": 1,
-            "data_parallel_size": 1, "micro_batches": 1, "micro_batch_size": 2, "seq_length": None,
-            "activation_checkpointing": False, "analytic": None, "peak_tflops": None, "device_name": "cpu",
-            "dtype": "fp32"}
-    write_json(build_report([entry], meta), str(path))
+    write_json(build_report([entry], report_context(1, 1, 1, 1, 1, 2)), str(path))
     return path
 
 

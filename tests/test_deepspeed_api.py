@@ -65,7 +65,7 @@ def test_the_profiler_names_the_private_deepspeed_internals_an_engine_lacks():
     from types import SimpleNamespace
 
     from patches.profiler.engine_hooks import missing_internals
-    from patches.profiler.gather import EngineLayout
+    from patches.profiler.layout import EngineLayout
 
     pipeline = EngineLayout(0, 0, 0, 2, 1, 1, is_pipeline=True)
     renamed = SimpleNamespace(module=SimpleNamespace())

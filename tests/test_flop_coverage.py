@@ -20,7 +20,7 @@ from patches.profiler.files import validate_report
 from patches.profiler.module_profiler import ModuleProfiler, UncountedOp
 from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
-from tests.test_profiler_report import make_meta, rank_entries
+from tests.test_profiler_report import make_context, rank_entries
 
 
 def _profile(module, *inputs, context=contextlib.nullcontext):
@@ -116,7 +116,7 @@ def test_report_lists_uncounted_ops_and_the_printout_says_so():
     entries = rank_entries()
     entries[0]["uncounted_ops"] = [{"op": "aten.addr.default", "phase": "fwd", "calls": 2}]
     entries[1]["uncounted_ops"] = [{"op": "aten.addr.default", "phase": "fwd", "calls": 2}]
-    report = build_report(entries, make_meta())
+    report = build_report(entries, make_context())
     validate_report(report)
     replica_calls = sum(2 for e in entries[:2] if e["dp_rank"] == 0)
     assert report["uncounted_ops"] == [{"op": "aten.addr.default", "phase": "fwd", "calls": replica_calls}]
@@ -127,16 +127,14 @@ def test_report_lists_uncounted_ops_and_the_printout_says_so():
 
 
 def test_report_without_uncounted_ops_prints_exact_numbers():
-    report = build_report(rank_entries(), make_meta())
+    report = build_report(rank_entries(), make_context())
     assert report["uncounted_ops"] == []
     assert "uncounted ops" not in format_report(report) and ">= " not in format_report(report)
 
 
 def test_report_says_when_the_profiled_step_was_skipped():
-    meta = make_meta()
-    assert build_report(rank_entries(), meta)["optimizer_step_skipped"] is False
-    meta["optimizer_step_skipped"] = True
-    report = build_report(rank_entries(), meta)
+    assert build_report(rank_entries(), make_context())["optimizer_step_skipped"] is False
+    report = build_report(rank_entries(), make_context(optimizer_step_skipped=True))
     validate_report(report)
     assert report["optimizer_step_skipped"] is True
     assert "skipped (fp16 loss-scale overflow)" in format_report(report)

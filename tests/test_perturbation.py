@@ -1,21 +1,23 @@
-"""The report states its perturbation: the profiled iteration against unprofiled ones of the same run,
-rates from the unprofiled time, and the training log line's TFLOPs beside them (patches/profiler/perturbation.py)."""
-import copy
-
+"""The report states its perturbation: the profiled iteration against unprofiled ones of the same run, rates
+from the unprofiled time, and the training log line's TFLOPs beside them (report.build_report, from the context's
+IterationTiming); the schedule that decides which iteration counts, which is profiled and which is timed, and its
+clock (patches/profiler/one_step.py)."""
 import pytest
 
+from patches.profiler.context import UNDESCRIBED, IterationTiming
 from patches.profiler.files import validate_report
-from patches.profiler.perturbation import (
+from patches.profiler.one_step import (
+    COUNT,
+    PROFILE,
+    TIME,
     WINDOW,
     IterationClock,
-    Perturbation,
-    apply_perturbation,
+    ProfileSchedule,
     counting_announcement,
-    counts_before,
 )
 from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
-from tests.test_profiler_report import DP, MICRO_BATCH_SIZE, MICRO_BATCHES, PP, SEQ, TP, make_meta, rank_entries
+from tests.test_profiler_report import DP, MICRO_BATCH_SIZE, MICRO_BATCHES, PP, SEQ, TP, make_context, rank_entries
 
 PEAK = 0.5
 # Binary fractions: every product and quotient below is exact in floating point.
@@ -25,7 +27,13 @@ LOG_LINE_FLOPS = 3.0 * 2 ** 40
 
 @pytest.fixture
 def report():
-    return build_report(rank_entries(), make_meta(peak_tflops=PEAK))
+    return build_report(rank_entries(), make_context(peak_tflops=PEAK))
+
+
+def timed_report(unprofiled_s, iterations, peak_tflops=PEAK):
+    timing = IterationTiming(PROFILED_S, unprofiled_s, iterations)
+    return build_report(rank_entries(), make_context(peak_tflops=peak_tflops, timing=timing,
+                                                     log_line_flops=LOG_LINE_FLOPS))
 
 
 def test_clock_median_of_the_iterations_before_leaving_out_warm_up():
@@ -46,11 +54,11 @@ def test_clock_times_the_step_and_returns_its_result():
 
 
 def test_rates_come_from_the_unprofiled_time(report):
-    profiled_rates = copy.deepcopy(report["totals"])
+    profiled_rates = report["totals"]
     assert profiled_rates["throughput_basis"] == "profiled"
     assert profiled_rates["throughput_iter_s"] == profiled_rates["iter_latency_s"]
     assert report["perturbation"] is None
-    apply_perturbation(report, Perturbation(PROFILED_S, UNPROFILED_S, [2, 3, 4], LOG_LINE_FLOPS))
+    report = timed_report(UNPROFILED_S, [2, 3, 4])
     totals, perturbation = report["totals"], report["perturbation"]
     measured = totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]
     assert perturbation["profiled_iter_s"] == PROFILED_S
@@ -73,8 +81,8 @@ def test_rates_come_from_the_unprofiled_time(report):
     validate_report(report)
 
 
-def test_log_line_tflops_beside_the_report_and_why_they_differ(report):
-    apply_perturbation(report, Perturbation(PROFILED_S, UNPROFILED_S, [2], LOG_LINE_FLOPS))
+def test_log_line_tflops_beside_the_report_and_why_they_differ():
+    report = timed_report(UNPROFILED_S, [2])
     totals, perturbation = report["totals"], report["perturbation"]
     world = PP * TP * DP
     assert perturbation["log_line_flops"] == LOG_LINE_FLOPS
@@ -96,8 +104,8 @@ def test_log_line_tflops_beside_the_report_and_why_they_differ(report):
 
 
 def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
-    before = copy.deepcopy(report["totals"])
-    apply_perturbation(report, Perturbation(PROFILED_S, None, [], LOG_LINE_FLOPS))
+    before = report["totals"]
+    report = timed_report(None, [])
     assert report["totals"] == before
     perturbation = report["perturbation"]
     assert perturbation["ratio"] is None and perturbation["log_line_tflops"] is None
@@ -108,6 +116,28 @@ def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
     validate_report(report)
 
 
+def schedule(profile_step, counting="previous", timed=True):
+    return ProfileSchedule(profile_step, lambda engine: UNDESCRIBED, output=None, counting=counting, timed=timed)
+
+
+def test_the_schedule_counts_in_the_iteration_before_profiles_one_and_times_the_rest():
+    """The rule, once: N-1 counts, N is profiled, every other iteration (all of them without a profile step) is
+    timed; counting 'profiled' counts in N itself, so N-1 is only timed."""
+    assert [schedule(5).role(i) for i in range(1, 8)] == [TIME, TIME, TIME, COUNT, PROFILE, TIME, TIME]
+    assert [schedule(5, "profiled").role(i) for i in (4, 5)] == [TIME, PROFILE]
+    assert [schedule(None).role(i) for i in (0, 1, 4)] == [TIME, TIME, TIME]
+    assert [schedule(0).role(i) for i in (-1, 0, 1)] == [COUNT, PROFILE, TIME]  # DeepSpeed's numbering: -1 never runs
+    with pytest.raises(ValueError, match="counting must be one of"):
+        schedule(5, "before")
+
+
+def test_the_schedule_times_each_unprofiled_iteration_on_its_clock():
+    timed, untimed = schedule(5), schedule(5, timed=False)
+    assert [timed.run(None, i, lambda i=i: i * 10) for i in (1, 2, 3)] == [10, 20, 30]  # their results, as run
+    assert sorted(timed.clock.seconds) == [1, 2, 3] and timed.clock.first == 1
+    assert untimed.run(None, 1, lambda: "loss") == "loss" and untimed.clock is None
+
+
 def test_the_counting_iteration_is_never_a_baseline():
     """--profile-flops-step N counts FLOPs in N-1 under a dispatch mode: N-1 is slowed, so the unprofiled median
     leaves it out (and the announcement says where the FLOPs are counted)."""
@@ -116,8 +146,6 @@ def test_the_counting_iteration_is_never_a_baseline():
         clock.record(iteration, seconds)
     clock.mark_perturbed(4)
     assert clock.unprofiled_before(5) == (2.0, [2, 3])
-    assert counts_before(5, "previous", 4) and not counts_before(5, "previous", 3)
-    assert not counts_before(5, "profiled", 4) and not counts_before(None, "previous", 4)
     assert counting_announcement(5, "previous", 0) == ", its FLOPs counted in iteration 4"
     assert counting_announcement(5, "previous", 4) == ", its FLOPs counted in it"  # resumed after iteration 4
     assert counting_announcement(1, "previous", 0) == ", its FLOPs counted in it"
@@ -127,7 +155,7 @@ def test_the_counting_iteration_is_never_a_baseline():
 
 
 def test_report_says_where_the_flops_were_counted():
-    counted_itself = build_report(rank_entries(), make_meta())  # step 7, counted in it
+    counted_itself = build_report(rank_entries(), make_context())  # step 7, counted in it
     assert counted_itself["flops_counting"] == {
         "counted_iteration": 7, "calls_differ": [],
         "note": "counted in iteration 7 itself, by a dispatch mode on its timed path"}
@@ -135,7 +163,7 @@ def test_report_says_where_the_flops_were_counted():
     for entry in entries:
         entry["counted_iteration"], entry["calls_differ"] = 6, []
     entries[1]["calls_differ"] = ["3.mlp: fwd 4/5"]
-    report = build_report(entries, make_meta())
+    report = build_report(entries, make_context())
     validate_report(report)
     assert report["flops_counting"]["counted_iteration"] == 6
     assert report["flops_counting"]["calls_differ"] == [f"rank {entries[1]['global_rank']}: 3.mlp: fwd 4/5"]
@@ -144,7 +172,7 @@ def test_report_says_where_the_flops_were_counted():
         "input shapes differ from iteration 6's in 1 places (calls_differ): the FLOPs are iteration 6's")
     assert "flops counted:" in format_report(report) and report["flops_counting"]["note"] in format_report(report)
     entries[0]["counted_iteration"] = None  # this rank counted in the profiled iteration itself
-    mixed = build_report(entries, make_meta())
+    mixed = build_report(entries, make_context())
     validate_report(mixed)
     assert mixed["flops_counting"]["counted_iteration"] is None
     counted_before = sorted(e["global_rank"] for e in entries[1:] if e["dp_rank"] == 0)

@@ -7,7 +7,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from patches.profiler.files import profile_scalars
 from patches.profiler.report import build_report
 from tests.helpers.profiled_runs import PEAK_TFLOPS, PROFILE_STEP, profiled_run
-from tests.helpers.schedules import schedule_entries, schedule_meta
+from tests.helpers.schedules import schedule_context, schedule_entries
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,7 @@ def test_profile_scalars_are_in_the_event_file(run):
 
 def test_unknown_values_are_left_out():
     """No device peak, no sequence length known: no MFU, no tokens/s."""
-    meta = dict(schedule_meta(2, 4), seq_length=None)
-    scalars = profile_scalars(build_report(schedule_entries(2, 4), meta))
+    scalars = profile_scalars(build_report(schedule_entries(2, 4), schedule_context(2, 4, seq_length=None)))
     assert "flops-profile/mfu" not in scalars and "flops-profile/tokens-per-s" not in scalars
     assert "flops-profile/measured-over-analytic" not in scalars
     assert scalars["flops-profile/bubble-ideal-fraction"] == 0.2

@@ -1,5 +1,5 @@
 """The profiler's internal contracts, read from its source: every public function is typed, and only
-EngineLayout tells a PipelineEngine from a plain DeepSpeedEngine."""
+layout.py tells a PipelineEngine from a plain DeepSpeedEngine."""
 import ast
 from pathlib import Path
 
@@ -39,11 +39,12 @@ def test_every_public_function_of_the_profiler_is_typed():
 
 
 def test_only_the_engine_layout_tells_pipeline_from_plain_engine():
-    """isinstance(engine, PipelineEngine) is asked once, in EngineLayout.of; the rest reads layout.is_pipeline."""
+    """isinstance(engine, PipelineEngine) is asked once, in layout.py (runs_a_schedule, which EngineLayout.of
+    reads); the rest reads layout.is_pipeline."""
     askers = []
     for path in sorted(PROFILER.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
                     and any(isinstance(a, ast.Name) and a.id == "PipelineEngine" for a in ast.walk(node))):
                 askers.append((path.name, node.lineno))
-    assert [name for name, _ in askers] == ["gather.py"], askers
+    assert [name for name, _ in askers] == ["layout.py"], askers

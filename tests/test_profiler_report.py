@@ -13,6 +13,7 @@ from patches.profiler.files import load_schema, validate_report, write_json
 from patches.profiler.peaks import peak_tflops_for
 from patches.profiler.printer import HEADER, format_report
 from patches.profiler.report import NOTES, aggregate_by_depth, build_report, merge_stage_trees
+from tests.helpers.contexts import report_context
 
 PP, TP, DP = 2, 2, 2
 HIDDEN, VOCAB, SEQ = 8, 32, 16
@@ -144,11 +145,10 @@ def rank_entries():
     return entries
 
 
-def make_meta(peak_tflops=None, analytic=None):
-    return {"step": 7, "world_size": PP * TP * DP, "pipeline_parallel_size": PP, "tensor_parallel_size": TP,
-            "data_parallel_size": DP, "micro_batches": MICRO_BATCHES, "micro_batch_size": MICRO_BATCH_SIZE,
-            "seq_length": SEQ, "activation_checkpointing": True, "analytic": analytic,
-            "peak_tflops": peak_tflops, "device_name": "cpu", "dtype": "fp32"}
+def make_context(**kwargs):
+    """Step 7 of this pp x tp x dp run, checkpointed; kwargs: report_context's optional ones."""
+    return report_context(7, PP, TP, DP, MICRO_BATCHES, MICRO_BATCH_SIZE, seq_length=SEQ,
+                          activation_checkpointing=True, **kwargs)
 
 
 def find(tree, *path):
@@ -159,7 +159,7 @@ def find(tree, *path):
 
 @pytest.fixture(scope="module")
 def report():
-    return build_report(rank_entries(), make_meta())
+    return build_report(rank_entries(), make_context())
 
 
 def test_totals_are_the_dense_model_and_its_flops(report):
@@ -261,7 +261,7 @@ def test_throughput_formulas(report):
 def test_mfu_and_analytic_when_given():
     analytic = {"fwd_flops": 4 * LAYER_FWD + HEAD_FWD, "bwd_flops": 2 * (4 * LAYER_FWD + HEAD_FWD),
                 "recompute_flops": 4 * LAYER_FWD}
-    report = build_report(rank_entries(), make_meta(peak_tflops=312.0, analytic=analytic))
+    report = build_report(rank_entries(), make_context(peak_tflops=312.0, analytic=analytic))
     totals = report["totals"]
     assert totals["mfu"] == totals["model_tflops_per_gpu"] / 312.0
     assert totals["analytic_flops"] == 16 * LAYER_FWD + 3 * HEAD_FWD
@@ -288,12 +288,12 @@ def test_report_validates_and_round_trips(report, tmp_path):
 def test_layout_errors_are_explicit():
     entries = rank_entries()
     with pytest.raises(ValueError, match="one entry from each"):
-        build_report(entries[1:], make_meta())
+        build_report(entries[1:], make_context())
     mismatched = rank_entries()
     victim = next(e for e in mismatched if e["dp_rank"] == 0 and e["tp_rank"] == 1)
     victim["modules"]["children"].pop()
     with pytest.raises(ValueError, match="tp ranks disagree"):
-        build_report(mismatched, make_meta())
+        build_report(mismatched, make_context())
 
 
 def test_aggregated_every_depth_consistent_with_parents(report):
@@ -361,9 +361,7 @@ def test_single_rank_without_pipeline_instructions():
     tree = node("GPT", "GPT", [node("0", "Layer", params=10, fwd=100, bwd=200, ticks=2)], ticks=1)
     entry = {"global_rank": 0, "stage_id": 0, "tp_rank": 0, "dp_rank": 0, "modules": tree, "instructions": {},
              "train_batch_latency_s": 8 * TICK, "peak_memory_bytes": None}
-    meta = dict(make_meta(), world_size=1, pipeline_parallel_size=1, tensor_parallel_size=1, data_parallel_size=1,
-                activation_checkpointing=False)
-    report = build_report([entry], meta)
+    report = build_report([entry], report_context(7, 1, 1, 1, MICRO_BATCHES, MICRO_BATCH_SIZE, seq_length=SEQ))
     validate_report(report)
     assert report["totals"]["params"] == 10 and report["totals"]["bwd_flops"] == 200
     assert report["stages"][0]["other_s"] == 8 * TICK and report["stages"][0]["fwd_latency_s"] == 0.0

@@ -18,15 +18,17 @@ import torch.multiprocessing as mp
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from megatron import clean_exit
+from patches.profiler.entry import RankEntry
 from patches.profiler.files import validate_report
-from patches.profiler.gather import EngineLayout, RankEntry, ReportError, ReportGroups, RunMeta, gather_report
-from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
+from patches.profiler.gather import ReportError, ReportGroups, gather_report
+from patches.profiler.layout import EngineLayout
+from patches.profiler.measurement import StageMeasurement
 from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
 from patches.profiler.stragglers import SAMPLE_BYTES, RankSample
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, explain, free_port, launch
-from tests.test_profiler_report import DP, PP, TP, make_meta, rank_entries, train_batch_s
+from tests.test_profiler_report import DP, PP, TP, make_context, rank_entries, train_batch_s
 
 FAULT_SCRIPT = REPO / "tests" / "scripts" / "pretrain_with_fault.py"
 
@@ -50,15 +52,15 @@ def test_gathered_form_builds_the_same_report():
     entries = rank_entries()
     replica = [e for e in entries if e["dp_rank"] == 0]
     samples = [RankSample.from_entry(e) for e in entries]
-    assert build_report(replica, make_meta(), samples) == build_report(entries, make_meta())
+    assert build_report(replica, make_context(), samples) == build_report(entries, make_context())
     with pytest.raises(ValueError, match="need one sample from each of the 8 ranks"):
-        build_report(replica, make_meta(), samples[1:])
+        build_report(replica, make_context(), samples[1:])
     with pytest.raises(ValueError, match="do not cover replica 0's pp x tp grid"):
-        build_report(replica[1:], make_meta(), samples)
+        build_report(replica[1:], make_context(), samples)
 
 
 def test_straggler_view_is_exact_and_names_the_slowest_replica():
-    report = build_report(rank_entries(), make_meta())
+    report = build_report(rank_entries(), make_context())
     validate_report(report)
     stages = report["stragglers"]["stages"]
     assert [s["stage_id"] for s in stages] == [0, 1] and all(s["replicas"] == DP for s in stages)
@@ -87,10 +89,12 @@ def test_layout_finds_every_rank_as_deepspeed_lays_them_out():
     assert with_topology.replica_ranks() == [0, 1, 6, 7] and with_topology.stage_leaders() == [0, 6]
 
 
-def test_an_entry_asked_of_a_profiler_never_started_says_so():
+def test_an_entry_asked_of_a_measurement_never_started_says_so():
     # get_report() on such a profiler ends in the gather's ReportError, naming the rank with this reason
+    measurement = StageMeasurement(engine=None)
     with pytest.raises(RuntimeError, match=r"^start_profile\(\) never ran on this rank: nothing was measured$"):
-        PipelineFlopsProfiler(engine=None).rank_entry()
+        measurement.entry()
+    assert isinstance(measurement.entry_or_error(), RuntimeError)  # what a collective report is handed
 
 
 # ---------------------------------------------------------------- gather_report over gloo
@@ -105,22 +109,14 @@ def _gather_worker(rank, world, port, out_dir):
         groups = ReportGroups.for_layout(here)
         assert ReportGroups.for_layout(here) is groups  # made once
 
-        def entry():
-            return RankEntry(**mine, events=[])
-
-        def meta():
-            return RunMeta(**make_meta())
-
-        result = gather_report(here, groups, entry, meta, build_report)
+        result = gather_report(here, groups, RankEntry(**mine, events=[]), make_context())
         outcome = {"report": result.report,
                    "replica": None if result.replica_entries is None else len(result.replica_entries)}
 
-        def failing_entry():
-            if rank == FAILING_RANK:
-                raise RuntimeError(f"injected fault on rank {rank}")
-            return entry()
+        entry = RuntimeError(f"injected fault on rank {rank}") if rank == FAILING_RANK else \
+            RankEntry(**mine, events=[])
         try:
-            gather_report(here, groups, failing_entry, meta, build_report)
+            gather_report(here, groups, entry, make_context())
         except ReportError as e:
             outcome["error"] = [str(e), e.failed_ranks]
         except RuntimeError as e:
@@ -138,7 +134,7 @@ def test_gather_gives_every_rank_the_report_and_names_a_failed_rank(tmp_path):
     outcomes = {r: json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)}
     # No events in these entries: no clock alignment shows in the report, which is exactly the
     # report of every entry.
-    expected = json.loads(json.dumps(build_report(rank_entries(), make_meta())))
+    expected = json.loads(json.dumps(build_report(rank_entries(), make_context())))
     for rank, outcome in outcomes.items():
         assert outcome["report"] == expected, rank
         assert outcome["replica"] == (PP * TP if rank == 0 else None)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from patches.profiler.perturbation import Perturbation, apply_perturbation
+from patches.profiler.context import IterationTiming, ReportContext, RunDescription
 from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
 from patches.profiler.stragglers import RankSample
@@ -22,13 +22,26 @@ from tests.helpers.golden import GOLDEN, golden_report, golden_text, report_bloc
 PRINTED_WITH = {"fork": {}, "section": {"module_depth": -1, "top_modules": 2, "detailed": True}}
 
 
+def recorded_context(meta, perturbation):
+    """The context of the recorded run: its description, its layout and settings, its iteration times."""
+    timing, log_line_flops = None, None
+    if perturbation is not None:
+        timing = IterationTiming(perturbation["profiled_iter_s"], perturbation["unprofiled_iter_s"],
+                                 perturbation["unprofiled_iterations"], perturbation["clock"])
+        log_line_flops = perturbation["log_line_flops"]
+    run = RunDescription(seq_length=meta["seq_length"], analytic=meta["analytic"], peak_tflops=meta["peak_tflops"],
+                         activation_checkpointing=meta["activation_checkpointing"],
+                         recompute_note=meta["recompute_note"], log_line_flops=log_line_flops)
+    return ReportContext(meta["step"], meta["world_size"], meta["pipeline_parallel_size"],
+                         meta["tensor_parallel_size"], meta["data_parallel_size"], meta["micro_batches"],
+                         meta["micro_batch_size"], meta["activation_checkpointing"], meta["device_name"],
+                         meta["dtype"], meta["peak_tflops"], run, timing, meta["optimizer_step_skipped"])
+
+
 def rebuilt(name):
     inputs = json.loads((GOLDEN / f"{name}.build_inputs.json").read_text())
     samples = [RankSample(**sample) for sample in inputs["samples"]]
-    report = build_report(inputs["entries"], inputs["meta"], samples)
-    if inputs["perturbation"] is not None:
-        apply_perturbation(report, Perturbation(**inputs["perturbation"]))
-    return report
+    return build_report(inputs["entries"], recorded_context(inputs["meta"], inputs["perturbation"]), samples)
 
 
 @pytest.mark.parametrize("name", sorted(PRINTED_WITH))

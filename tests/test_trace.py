@@ -15,14 +15,14 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from megatron import clean_exit
 from patches.profiler.files import validate_report
+from patches.profiler.gather import measure_clock_offset
 from patches.profiler.module_profiler import ModuleProfiler
-from patches.profiler.pipeline_profiler import measure_clock_offset
 from patches.profiler.printer import duration_to_string, format_report
 from patches.profiler.report import build_report
 from patches.profiler.trace import FLOW_CATEGORY, INSTRUCTION_CATEGORY, build_trace
 from tests.helpers.launch import free_port
 from tests.helpers.profiled_runs import PROFILE_STEP, profiled_run
-from tests.helpers.schedules import TB, TF, schedule_entries, schedule_meta, simulate_1f1b
+from tests.helpers.schedules import TB, TF, schedule_context, schedule_entries, simulate_1f1b
 
 COMM = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 EPS_US = 1e-3  # float rounding of microsecond timestamps
@@ -61,7 +61,7 @@ def test_clock_offsets_are_found_within_their_error_bounds(tmp_path):
 @pytest.mark.parametrize("stages, micro_batches", [(2, 4), (3, 5), (4, 8)])
 def test_ideal_1f1b_idles_exactly_the_ideal_bubble(stages, micro_batches):
     """DeepSpeed's schedule on ideal hardware: span (m + p - 1)(tf + tb), every stage idle (p-1)/(m+p-1)."""
-    report = build_report(schedule_entries(stages, micro_batches), schedule_meta(stages, micro_batches))
+    report = build_report(schedule_entries(stages, micro_batches), schedule_context(stages, micro_batches))
     validate_report(report)
     bubble = report["bubble"]
     ideal = (stages - 1) / (micro_batches + stages - 1)
@@ -79,7 +79,7 @@ def test_bubble_names_the_bounding_stage_and_the_wait():
     entries = schedule_entries(2, 4)
     last = next(e for e in entries if e["stage_id"] == 1)
     last["instructions"]["ForwardPass"]["total_s"] *= 2
-    report = build_report(entries, schedule_meta(2, 4))
+    report = build_report(entries, schedule_context(2, 4))
     bubble = report["bubble"]
     assert report["bounding_stage"] == bubble["bounding_stage"] == 1
     assert [row["wait_for_bounding_s"] for row in bubble["stages"]] == [4 * TF, 0.0]
@@ -89,7 +89,7 @@ def test_bubble_names_the_bounding_stage_and_the_wait():
     # no events (a report built from bare totals): no bubble section
     for e in entries:
         del e["events"]
-    bare = build_report(entries, schedule_meta(2, 4))
+    bare = build_report(entries, schedule_context(2, 4))
     assert bare["bubble"] is None and "Pipeline bubble" not in format_report(bare)
 
 

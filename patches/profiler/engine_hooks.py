@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from patches.profiler.gather import EngineLayout
+from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleProfiler
 
 # A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the

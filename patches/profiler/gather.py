@@ -1,4 +1,4 @@
-"""Getting the report to every rank at a cost that does not grow with data parallelism.
+"""Moving the measurements: getting the report to every rank at a cost that does not grow with data parallelism.
 
 The report describes one data-parallel replica (dp rank 0) in full and every replica by a few
 timings (the straggler view), so only replica 0's entries travel:
@@ -7,200 +7,27 @@ timings (the straggler view), so only replica 0's entries travel:
 2. each replica-0 stage's tensor ranks gather their entries to its tp rank 0 (tensor group);
 3. those pp ranks gather their stage's entries to global rank 0 (the replica's pipeline group);
 4. every rank sends rank 0 one fixed-size RankSample (stragglers.py) with a plain gather;
-5. rank 0 builds the report and broadcasts it (or the failure) to every rank.
+5. rank 0 builds the report (report.build_report) and broadcasts it (or the failure) to every rank.
 A non-zero rank thus receives at most its stage's or replica's entries and the report itself; rank 0
-holds pp x tp entries and world samples. Every step runs over gloo groups made once, when profiling
-starts (ReportGroups.for_layout), and every rank enters every collective of its groups even when it
+holds pp x tp entries and world samples. Every step runs over gloo groups made once
+(ReportGroups.for_layout), and every rank enters every collective of its groups even when it
 failed to build its entry, so a failure is named to every rank instead of hanging one.
 """
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
-from deepspeed.runtime.engine import DeepSpeedEngine
-from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from patches.profiler.peaks import peak_tflops_for
+from patches.profiler.context import ReportContext
+from patches.profiler.entry import RankEntry
+from patches.profiler.layout import EngineLayout
+from patches.profiler.report import build_report
 from patches.profiler.stragglers import SAMPLE_BYTES, RankSample, error_summary
-
-if TYPE_CHECKING:  # type names only: both modules import this one
-    from patches.profiler.engine_hooks import InstructionTimer
-    from patches.profiler.module_profiler import ModuleProfiler
 
 # Ping rounds per rank for the clock alignment: the shortest round trip of these bounds the error.
 CLOCK_PING_ROUNDS = 8
-
-
-@dataclass(frozen=True)
-class EngineLayout:
-    """Where this rank sits in the pp x tp x dp grid, and who sits where (one place for both engines)."""
-    stage: int
-    tp_rank: int
-    dp_rank: int
-    pp: int
-    tp: int
-    dp: int
-    topology: object = field(default=None, compare=False, repr=False)  # deepspeed ProcessTopology, or None
-    # A PipelineEngine runs a schedule (timed instruction by instruction, inside train_batch); a plain
-    # DeepSpeedEngine's forward, backward and step are the iteration. The one place that tells them apart.
-    is_pipeline: bool = True
-
-    @classmethod
-    def of(cls, engine: DeepSpeedEngine) -> "EngineLayout":
-        if isinstance(engine, PipelineEngine):
-            grid = engine.grid
-            if not hasattr(grid, "_topo"):  # private: the rank layout every report group is built from
-                raise RuntimeError("the profiler cannot read this DeepSpeed's pipeline layout: "
-                                   "PipelineParallelGrid has no _topo (ProcessTopology)")
-            return cls(grid.get_stage_id(), grid.get_slice_parallel_rank(), grid.get_data_parallel_rank(),
-                       grid.get_pipe_parallel_world_size(), grid.get_slice_parallel_world_size(),
-                       grid.get_data_parallel_world_size(), grid._topo, is_pipeline=True)
-        # A plain DeepSpeedEngine is one stage; its mpu (if any) gives the tensor layout.
-        mpu = engine.mpu
-        tp = mpu.get_model_parallel_world_size() if mpu is not None else 1
-        tp_rank = mpu.get_model_parallel_rank() if mpu is not None else 0
-        dp_rank = mpu.get_data_parallel_rank() if mpu is not None else dist.get_rank()
-        topology = mpu.get_topology() if hasattr(mpu, "get_topology") else None
-        return cls(0, tp_rank, dp_rank, 1, tp, dist.get_world_size() // tp, topology, is_pipeline=False)
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.tp * self.dp
-
-    @property
-    def in_replica(self) -> bool:
-        """In the reported replica (dp rank 0)."""
-        return self.dp_rank == 0
-
-    def rank_of(self, stage: int, tp_rank: int, dp_rank: int) -> int:
-        if self.topology is None:  # no topology: tensor rank fastest, then data (Megatron's order)
-            return (stage * self.dp + dp_rank) * self.tp + tp_rank
-        coords = {"pipe": stage, "data": dp_rank, "model": tp_rank}
-        return self.topology.get_rank(**{axis: coords[axis] for axis in self.topology.axes})
-
-    def tensor_ranks(self, stage: int) -> List[int]:
-        """Replica 0's ranks of `stage`, by tp rank."""
-        return [self.rank_of(stage, t, 0) for t in range(self.tp)]
-
-    def stage_leaders(self) -> List[int]:
-        """Replica 0's tp-rank-0 ranks, by stage."""
-        return [self.rank_of(s, 0, 0) for s in range(self.pp)]
-
-    def replica_ranks(self) -> List[int]:
-        return [r for s in range(self.pp) for r in self.tensor_ranks(s)]
-
-
-@dataclass
-class RankEntry:
-    """One rank's measurements, as build_report and build_trace read them (as_dict)."""
-    global_rank: int
-    stage_id: int
-    tp_rank: int
-    dp_rank: int
-    modules: dict
-    instructions: dict
-    train_batch_latency_s: float
-    peak_memory_bytes: Optional[int]
-    events: list
-    uncounted_ops: list = field(default_factory=list)  # ModuleProfiler.uncounted_ops() as dicts
-    counted_iteration: Optional[int] = None  # where the FLOPs were counted when not in the profiled iteration
-    calls_differ: list = field(default_factory=list)  # ModuleProfiler.adopt_counts(): calls unlike the counted ones
-    clock_offset_s: float = 0.0
-    clock_error_s: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class RunMeta:
-    """What the report says about the run as a whole (build_report's `meta`)."""
-    step: int
-    world_size: int
-    pipeline_parallel_size: int
-    tensor_parallel_size: int
-    data_parallel_size: int
-    micro_batches: int
-    micro_batch_size: int
-    seq_length: Optional[int]
-    activation_checkpointing: bool
-    analytic: Optional[dict]
-    peak_tflops: Optional[float]
-    device_name: str
-    dtype: str
-    # fp16 loss scaling skips the update of a step whose gradients overflowed: timed, but no update
-    optimizer_step_skipped: bool = False
-    # where the pipeline recomputes fewer layers than the flags ask: which, and why (the caller's one line)
-    recompute_note: Optional[str] = None
-
-    @classmethod
-    def of(cls, engine: DeepSpeedEngine, layout: EngineLayout, step: int, seq_length: Optional[int] = None,
-           analytic: Optional[dict] = None, peak_tflops: Optional[float] = None,
-           activation_checkpointing: Optional[bool] = None, device: str = "cpu",
-           skipped_steps_before: int = 0, recompute_note: Optional[str] = None) -> "RunMeta":
-        if layout.is_pipeline:
-            micro_batches = engine.micro_batches
-            checkpointing = engine.module.activation_checkpoint_interval > 0
-        else:
-            micro_batches = engine.gradient_accumulation_steps()
-            checkpointing = False
-        if activation_checkpointing is not None:  # the caller knows better (Megatron's own checkpointing)
-            checkpointing = bool(activation_checkpointing)
-        dtype = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
-        device_name = torch.cuda.get_device_name() if device == "cuda" else device
-        peak = peak_tflops if peak_tflops is not None else peak_tflops_for(device_name, dtype)
-        return cls(int(step), layout.world_size, layout.pp, layout.tp, layout.dp, micro_batches,
-                   engine.train_micro_batch_size_per_gpu(), seq_length, checkpointing, analytic, peak,
-                   device_name, dtype, getattr(engine, "skipped_steps", 0) > skipped_steps_before, recompute_note)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def build_rank_entry(layout: EngineLayout, module: torch.nn.Module, module_profiler: "ModuleProfiler",
-                     instructions: "InstructionTimer", train_batch_s: float,
-                     peak_memory_bytes: Optional[int], counted_iteration: Optional[int] = None,
-                     calls_differ: Optional[List[str]] = None) -> RankEntry:
-    """This rank's measurements, from its stopped module profiler and instruction timer."""
-    tree = module_profiler.tree()
-    _annotate_replicated_params(module, tree)
-    events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in instructions.events]
-    uncounted = [asdict(op) for op in module_profiler.uncounted_ops()]
-    return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree, instructions.as_dict(),
-                     train_batch_s, peak_memory_bytes, events, uncounted, counted_iteration, list(calls_differ or []))
-
-
-def _annotate_replicated_params(module, node):
-    """replicated_params: the part of a node's params that every tensor rank holds whole.
-
-    Parameters marked tensor_model_parallel are shards (summed over tensor ranks); the rest
-    (LayerNorm, row-parallel biases, position embeddings) are counted once.
-    """
-    seen = set()
-
-    def visit(mod, tree_node):
-        own = 0
-        for param in mod.parameters(recurse=False):
-            if id(param) not in seen:
-                seen.add(id(param))
-                if not getattr(param, "tensor_model_parallel", False):
-                    own += param.numel()
-        children = dict(mod.named_children())
-        total = own
-        for child_node in tree_node["children"]:
-            child = children.get(child_node["name"])
-            if child is not None:
-                total += visit(child, child_node)
-        tree_node["replicated_params"] = total
-        return total
-
-    visit(module, node)
-
-
-def _plain(kwargs):
-    return {key: value for key, value in kwargs.items() if isinstance(value, (int, float, str, bool))}
 
 
 class ReportError(RuntimeError):
@@ -300,31 +127,35 @@ class GatherResult:
     replica_entries: Optional[List[dict]]  # on global rank 0 only: replica 0's entries (for the trace)
 
 
-def gather_report(layout: EngineLayout, groups: ReportGroups, build_entry: Callable[[], RankEntry],
-                  build_meta: Callable[[], RunMeta], build: Callable[..., dict]) -> GatherResult:
-    """Collective over every rank. build_entry() makes this rank's RankEntry (it may raise);
-    rank 0 calls build(replica entries, meta dict, samples) and every rank returns its result."""
+def gather_report(layout: EngineLayout, groups: ReportGroups, entry: Union[RankEntry, Exception],
+                  context: ReportContext) -> GatherResult:
+    """Collective over every rank. entry: this rank's RankEntry, or the error that building it raised (every
+    collective is still entered, so the others learn who failed). Rank 0 builds the report with its own
+    context; every rank returns that report (or raises the failure, naming the rank)."""
     rank = dist.get_rank()
     offset, error = 0.0, 0.0
     if layout.in_replica:
         offset, error = measure_clock_offset(group=groups.world, ranks=layout.replica_ranks())
-    failure, entry, payload = None, None, None
-    try:
-        entry = build_entry()
-        entry.clock_offset_s, entry.clock_error_s = offset, error
-        payload = entry.as_dict()
-        sample = RankSample.from_entry(payload)
-    except Exception as e:  # every collective below is still entered: the others learn who failed
-        failure = e
-        payload = _Failure(rank, error_summary(e))
-        sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, e)
+    failure, payload = None, None
+    if isinstance(entry, Exception):
+        failure = entry
+    else:
+        try:
+            entry.clock_offset_s, entry.clock_error_s = offset, error
+            payload = entry.as_dict()
+            sample = RankSample.from_entry(payload)
+        except Exception as e:
+            failure = e
+    if failure is not None:
+        payload = _Failure(rank, error_summary(failure))
+        sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, failure)
 
     replica = gather_replica(payload, layout, groups) if layout.in_replica else None
     samples = _gather_samples(sample, groups.world, layout.world_size)
 
     outcome = [None]
     if rank == 0:
-        outcome[0], build_error = _outcome(replica, samples, build_meta, build)
+        outcome[0], build_error = _outcome(replica, samples, context)
         failure = failure or build_error
     dist.broadcast_object_list(outcome, src=0, group=groups.world)
     kind, value = outcome[0]
@@ -366,7 +197,7 @@ def _gather_samples(sample: RankSample, group, world: int) -> Optional[List[Rank
     return [RankSample.from_bytes(bytes(b.numpy())) for b in buffers]
 
 
-def _outcome(replica, samples, build_meta, build):
+def _outcome(replica, samples, context):
     """(('ok', report) or ('error', (message, failed ranks, reason)), rank 0's own error or None)."""
     failed = sorted(s.global_rank for s in samples if s.failure is not None)
     if failed:
@@ -375,7 +206,7 @@ def _outcome(replica, samples, build_meta, build):
         reason = f"building its profile entry: {first.failure}"
         return ("error", (f"the profile report was not built: {who} failed {reason}", failed, reason)), None
     try:
-        return ("ok", build(replica, build_meta().as_dict(), samples)), None
+        return ("ok", build_report(replica, context, samples)), None
     except Exception as e:
         reason = f"building the profile report: {error_summary(e)}"
         return ("error", (f"the profile report was not built: rank 0 failed {reason}", [0], reason)), e

@@ -1,93 +1,192 @@
-"""`--profile-flops-step N`: one training iteration profiled on every rank, its report printed and written.
+"""One profiled iteration, one way through: the scheduler every training loop calls once per iteration.
 
-Shared by every Megatron that profiles through the patch set (our GPT fork, and upstream Megatron-DeepSpeed
-through patches.megatron_upstream), so the same flag gives the same report and the same files.
+    schedule = ProfileSchedule(profile_step=N, describe=..., output=FileOutput(directory))
+    while training:
+        result = schedule.run(engine, iteration, lambda: train_step(...))
+
+The rule, written here once: iteration N-1 counts the FLOPs (a dispatch mode, local to each rank, its
+time kept out of the baseline); iteration N is profiled on every rank without that mode (it takes N-1's
+counts and checks its own module calls against them), then reported; every other iteration is only
+timed, for the unprofiled baseline. N counts in itself where counting is "profiled" or where N-1 did not
+run here (N is the first iteration, or the run resumed at N). Our fork's train(), upstream's patched
+train_step (megatron_upstream.py) and DeepSpeed's config section on a PipelineEngine
+(flops_profiler_config.py) each own one schedule and keep no scheduling state of their own.
 """
-import functools
 import os
-import sys
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar
 
-import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from patches.profiler.files import write_tensorboard_scalars
-from patches.profiler.perturbation import IterationClock, Perturbation, apply_perturbation
-from patches.profiler.pipeline_profiler import CountingPass, PipelineFlopsProfiler, ReportWriteError, count_iteration
+from patches.profiler.context import IterationTiming, RunDescription
+from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
+from patches.profiler.measurement import CountingPass, StageMeasurement, count_flops
+from patches.profiler.printer import format_report
+from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
 
-StepResult = TypeVar("StepResult")
+Result = TypeVar("Result")
+
+# Where the FLOPs of the profiled iteration are counted (--profile-flops-counting).
+COUNT_IN_PREVIOUS, COUNT_IN_PROFILED = "previous", "profiled"
+COUNTING_CHOICES = (COUNT_IN_PREVIOUS, COUNT_IN_PROFILED)
+
+# What an iteration is to the schedule.
+COUNT, PROFILE, TIME = "count", "profile", "time"
+
+# Unprofiled iterations the baseline median is taken over: the last ones before the profiled iteration.
+WINDOW = 5
+
+
+class IterationClock:
+    """Wall seconds of each iteration this process ran, by iteration number (time.time(), as the training log
+    line's time is read)."""
+
+    def __init__(self):
+        self.seconds: Dict[int, float] = {}
+        self.first: Optional[int] = None  # the process's first iteration: its time includes warm-up
+        self.perturbed: Set[int] = set()  # iterations slowed by the profiler (its counting pass): never a baseline
+
+    def timed(self, iteration: int, step: Callable[[], Result]) -> Result:
+        start = time.time()
+        try:
+            return step()
+        finally:
+            self.record(iteration, time.time() - start)
+
+    def record(self, iteration: int, seconds: float) -> None:
+        self.seconds[iteration] = seconds
+        if self.first is None:
+            self.first = iteration
+        self.seconds.pop(iteration - 2 * WINDOW, None)  # only the recent ones are ever read
+
+    def mark_perturbed(self, iteration: int) -> None:
+        self.perturbed.add(iteration)
+
+    def unprofiled_before(self, step: int) -> Tuple[Optional[float], List[int]]:
+        """(median seconds, the iterations it is taken over): up to WINDOW iterations before `step`, leaving
+        out the perturbed ones and the process's first (warm-up) unless it is the only one; (None, []) when
+        there is none."""
+        ran = sorted(i for i in self.seconds if i < step and i not in self.perturbed)
+        if len(ran) > 1 and ran[0] == self.first:
+            ran = ran[1:]
+        ran = ran[-WINDOW:]
+        if not ran:
+            return None, []
+        return statistics.median(self.seconds[i] for i in ran), ran
+
+
+class ReportOutput(Protocol):
+    """What a schedule does with its profiled iteration's report (FileOutput; the config section's)."""
+
+    def deliver(self, reports: GatheredReports, step: int) -> None: ...  # collective: every rank calls it
+
+
+def counting_announcement(profile_step: int, counting: str, first_done: Optional[int]) -> str:
+    """The start-up line's tail: where ProfileSchedule will count the FLOPs of profile_step, said before the run.
+    first_done: iterations done before this run (a resumed run cannot count in an iteration it does not run);
+    None where not known yet. Iterations are numbered from 1 (Megatron's): iteration 1 has none before it."""
+    resumed_after_it = first_done is not None and profile_step - 1 <= first_done
+    if counting != COUNT_IN_PREVIOUS or profile_step == 1 or resumed_after_it:
+        return ", its FLOPs counted in it"
+    if first_done is None:
+        return (f", its FLOPs counted in iteration {profile_step - 1} (in it if this run starts at iteration "
+                f"{profile_step})")
+    return f", its FLOPs counted in iteration {profile_step - 1}"
 
 
 @dataclass(frozen=True)
-class StepProfileRequest:
-    """What --profile-flops-step asks for one iteration."""
-    step: int
-    output_dir: str
-    seq_length: Optional[int] = None
-    analytic: Optional[dict] = None  # the Megatron-LM formula's {'fwd_flops', 'bwd_flops', 'recompute_flops'}
-    peak_tflops: Optional[float] = None
-    activation_checkpointing: Optional[bool] = None  # None: the profiler reads it off a PipelineModule
-    recompute_note: Optional[str] = None  # the report's line on layers recomputed short of the flags
-    # The unprofiled iterations' median wall time (IterationClock, the caller's loop) and which they were;
-    # None: the report's rates come from the profiled iteration itself.
-    unprofiled_iter_s: Optional[float] = None
-    unprofiled_iterations: Optional[List[int]] = None
-    log_line_flops: Optional[float] = None  # the training log line's FLOPs of one iteration (its formula)
-    # The FLOPs of the iteration before (count_train_step); None: counted in the profiled iteration itself.
-    counting_pass: Optional[CountingPass] = None
+class FileOutput:
+    """What --profile-flops-step does with its report: global rank 0 prints it and writes
+    flops_profile_stepN.json and pipeline_trace_stepN.json into `directory`; a TensorBoard writer (where the
+    rank has one) gets the headline scalars. A file rank 0 cannot write is one warning line; training goes on."""
+    directory: str
+    tensorboard_writer: Any = None
 
-    @property
-    def json_path(self) -> str:
-        return os.path.join(self.output_dir, f"flops_profile_step{self.step}.json")
+    def json_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"flops_profile_step{step}.json")
 
-    @property
-    def trace_path(self) -> str:
-        return os.path.join(self.output_dir, f"pipeline_trace_step{self.step}.json")
+    def trace_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"pipeline_trace_step{step}.json")
 
-
-def count_train_step(engine: DeepSpeedEngine, step: int, run_step: Callable[[], StepResult],
-                     clock: IterationClock) -> Tuple[StepResult, CountingPass]:
-    """The iteration before the profiled one: its FLOPs counted on this rank (no collective), for the
-    profiled iteration's request (StepProfileRequest.counting_pass). Timed on `clock`, and marked there as
-    perturbed: never an unprofiled baseline. Returns (run_step's result, the pass)."""
-    try:
-        return clock.timed(step, functools.partial(count_iteration, engine, step, run_step))
-    finally:
-        clock.mark_perturbed(step)
+    def deliver(self, reports: GatheredReports, step: int) -> None:
+        """Collective: every rank calls it for the same report."""
+        report = reports.report(step)
+        reports.emit(format_report(report) if reports.emits_here else "")
+        json_path, trace_path = self.json_path(step), self.trace_path(step)
+        try:
+            # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
+            reports.write(lambda: write_json(report, json_path), json_path)
+            trace = reports.trace(step)
+            reports.write(lambda: write_trace(trace, trace_path), trace_path)
+        except ReportWriteError as error:  # every rank has it: training goes on, unprofiled, on every rank
+            warn_on_rank_0(f"{error}; training goes on")
+        if self.tensorboard_writer is not None:
+            write_tensorboard_scalars(report, self.tensorboard_writer, step)
 
 
-def profile_train_step(engine: DeepSpeedEngine, request: StepProfileRequest, run_step: Callable[[], StepResult],
-                       tensorboard_writer: Any = None) -> StepResult:
-    """Run one iteration (run_step) profiled on every rank; global rank 0 prints the report and writes the JSON
-    and, beside it, the Chrome trace; a TensorBoard writer (where the rank has one) gets the headline scalars.
-    Collective: every rank of the run calls it for the same iteration."""
-    profiler = PipelineFlopsProfiler(engine, seq_length=request.seq_length, analytic=request.analytic,
-                                     peak_tflops=request.peak_tflops,
-                                     activation_checkpointing=request.activation_checkpointing,
-                                     recompute_note=request.recompute_note, counting_pass=request.counting_pass)
-    profiler.start_profile()
-    start = time.time()  # the clock of the unprofiled iterations (IterationClock)
-    try:
-        result = run_step()
-    finally:
-        profiled_s = time.time() - start
-        profiler.stop_profile()
-    # Global rank 0's times, as rank 0 builds the report; every rank applies them to its copy of it.
-    perturbation = [Perturbation(profiled_s, request.unprofiled_iter_s, list(request.unprofiled_iterations or []),
-                                 request.log_line_flops)]
-    dist.broadcast_object_list(perturbation, src=0)
-    apply_perturbation(profiler.get_report(profile_step=request.step), perturbation[0])
-    profiler.print_model_profile(profile_step=request.step)
-    try:
-        # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
-        profiler.write_json(request.json_path)
-        profiler.write_trace(request.trace_path)
-    except ReportWriteError as error:  # every rank has it: training goes on, unprofiled, on every rank
-        if dist.get_rank() == 0:
-            print(f"warning: {error}; training goes on", file=sys.stderr, flush=True)
-    if tensorboard_writer is not None:
-        write_tensorboard_scalars(profiler.get_report(), tensorboard_writer, request.step)
-    profiler.end_profile()
-    return result
+class ProfileSchedule:
+    """Which iteration counts, which is profiled and reported, which is only timed (see the module docstring)."""
+
+    def __init__(self, profile_step: Optional[int], describe: Callable[[DeepSpeedEngine], RunDescription],
+                 output: ReportOutput, counting: str = COUNT_IN_PREVIOUS, timed: bool = True):
+        """profile_step: the iteration to profile (None: none; every iteration is only timed), in the caller's
+        numbering. describe(engine): what the caller knows of its run, asked once, after the profiled
+        iteration. output: what to do with the report (FileOutput, or the config section's), its
+        deliver(reports, step) called on every rank. timed=False: no clock, so the report's rates are the
+        profiled iteration's own."""
+        if counting not in COUNTING_CHOICES:
+            raise ValueError(f"counting must be one of {COUNTING_CHOICES}, not {counting!r}")
+        self.profile_step = profile_step
+        self.counting = counting
+        self.describe = describe
+        self.output = output
+        self.clock: Optional[IterationClock] = IterationClock() if timed else None
+        self._counted: Optional[CountingPass] = None  # the counting pass, until the iteration after it
+
+    def role(self, iteration: int) -> str:
+        if self.profile_step is None:
+            return TIME
+        if iteration == self.profile_step:
+            return PROFILE
+        if self.counting == COUNT_IN_PREVIOUS and iteration == self.profile_step - 1:
+            return COUNT
+        return TIME
+
+    def run(self, engine: DeepSpeedEngine, iteration: int, run_step: Callable[[], Result]) -> Result:
+        """Run one iteration (run_step) as the schedule has it. Collective on the profiled iteration: every rank
+        calls run for the same iterations."""
+        role = self.role(iteration)
+        if role == COUNT:
+            result, self._counted = self._timed(iteration, lambda: count_flops(engine, iteration, run_step))
+            if self.clock is not None:
+                self.clock.mark_perturbed(iteration)
+            return result
+        if role == PROFILE:
+            counted, self._counted = self._counted, None  # None where iteration N-1 did not run here
+            return self._profile(engine, iteration, run_step, counted)
+        return self._timed(iteration, run_step)
+
+    def _timed(self, iteration: int, step: Callable[[], Result]) -> Result:
+        return self.clock.timed(iteration, step) if self.clock is not None else step()
+
+    def _profile(self, engine, iteration, run_step, counted):
+        """Profile one iteration on every rank, then report it through self.output (collective)."""
+        measurement = StageMeasurement(engine)
+        measurement.start(counted=counted)
+        try:
+            start = time.time()  # the clock of the unprofiled iterations (IterationClock)
+            try:
+                result = run_step()
+            finally:
+                profiled_s = time.time() - start
+                measurement.stop()
+            timing = None
+            if self.clock is not None:
+                timing = IterationTiming(profiled_s, *self.clock.unprofiled_before(iteration))
+            reports = GatheredReports(measurement, self.describe(engine), timing)
+            self.output.deliver(reports, iteration)
+        finally:
+            measurement.detach()
+        return result

@@ -3,7 +3,7 @@
 The contract is flops-profile.schema.json (files.py loads and checks it). Beyond the schema the
 report carries:
 - top level: `perturbation` (null, or the profiled iteration's time against unprofiled ones of the
-  same run, and the training log line's TFLOPs: perturbation.py), `optimizer_step_skipped` (fp16 loss
+  same run, and the training log line's TFLOPs), `optimizer_step_skipped` (fp16 loss
   scaling skipped the profiled step's update), `recompute_note`
   (null, or one line: the pipeline recomputes fewer layers than asked, which and why),
   `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
@@ -15,13 +15,14 @@ report carries:
   comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share,
   tflops_per_gpu (the stage's fwd + bwd + recompute flops / iter latency / tp);
 - totals: analytic ({fwd,bwd,recompute}_flops or null), measured_over_analytic, tokens_per_s,
-  peak_tflops, throughput_iter_s and throughput_basis (the iteration time the rates use: "profiled", or
-  "unprofiled" once perturbation.apply_perturbation has run);
+  peak_tflops, throughput_iter_s and throughput_basis (the iteration time the rates use: "unprofiled"
+  where the context's timing has an unprofiled time, else "profiled");
 - module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
   {fwd,bwd,recompute}_calls, always present.
 """
 from typing import Dict, List, Optional, Tuple
 
+from patches.profiler.context import ReportContext
 from patches.profiler.notes import NOTES
 from patches.profiler.phases import phase_fields
 from patches.profiler.stragglers import RankSample, straggler_view
@@ -249,46 +250,51 @@ def _build_stage(stage_id, entries, train_batch_max_dp_s):
     }
 
 
-def _check_layout(rank_entries, meta):
-    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
-    if pp * tp * dp != meta["world_size"]:
-        raise ValueError(f"pp {pp} x tp {tp} x dp {dp} != world size {meta['world_size']}")
+def _check_grid(context):
+    pp, tp, dp = context.pipeline_parallel_size, context.tensor_parallel_size, context.data_parallel_size
+    if pp * tp * dp != context.world_size:
+        raise ValueError(f"pp {pp} x tp {tp} x dp {dp} != world size {context.world_size}")
+    return pp, tp, dp
+
+
+def _check_layout(rank_entries, context):
+    pp, tp, dp = _check_grid(context)
     ranks = sorted(e["global_rank"] for e in rank_entries)
-    if ranks != list(range(meta["world_size"])):
-        raise ValueError(f"need one entry from each of the {meta['world_size']} ranks, got ranks {ranks}")
+    if ranks != list(range(context.world_size)):
+        raise ValueError(f"need one entry from each of the {context.world_size} ranks, got ranks {ranks}")
     coords = sorted((e["stage_id"], e["tp_rank"], e["dp_rank"]) for e in rank_entries)
     expected = [(s, t, d) for s in range(pp) for t in range(tp) for d in range(dp)]
     if coords != expected:
         raise ValueError("the entries' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
 
 
-def _check_replica(replica_entries, samples, meta):
+def _check_replica(replica_entries, samples, context):
     """The gathered form: replica 0's entries (one per stage and tp rank) and every rank's sample."""
-    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
-    if pp * tp * dp != meta["world_size"]:
-        raise ValueError(f"pp {pp} x tp {tp} x dp {dp} != world size {meta['world_size']}")
+    pp, tp, dp = _check_grid(context)
     coords = sorted((e["stage_id"], e["tp_rank"], e["dp_rank"]) for e in replica_entries)
     if coords != [(s, t, 0) for s in range(pp) for t in range(tp)]:
         raise ValueError("the entries' (stage, tp rank) do not cover replica 0's pp x tp grid once each")
-    if sorted(s.global_rank for s in samples) != list(range(meta["world_size"])):
-        raise ValueError(f"need one sample from each of the {meta['world_size']} ranks")
+    if sorted(s.global_rank for s in samples) != list(range(context.world_size)):
+        raise ValueError(f"need one sample from each of the {context.world_size} ranks")
     coords = sorted((s.stage_id, s.tp_rank, s.dp_rank) for s in samples)
     if coords != [(s, t, d) for s in range(pp) for t in range(tp) for d in range(dp)]:
         raise ValueError("the samples' (stage, tp rank, dp rank) do not cover the pp x tp x dp grid once each")
 
 
-def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[RankSample]] = None) -> dict:
-    """The report dict (schema_version 2 plus documented extras) from the entries and `meta`.
+def build_report(rank_entries: List[dict], context: ReportContext, samples: Optional[List[RankSample]] = None) -> dict:
+    """The report dict (schema_version 2 plus documented extras) from the entries and the run's context.
 
     rank_entries: every rank's entry (samples None: the straggler scalars are read from them), or
-    replica 0's entries only with `samples`, every rank's RankSample (what gather.py collects)."""
+    replica 0's entries only with `samples`, every rank's RankSample (what gather.py collects).
+    Every rate is computed here, once: over the unprofiled iteration time where context.timing has one,
+    else over the profiled iteration's (iter latency)."""
     if samples is None:
-        _check_layout(rank_entries, meta)
+        _check_layout(rank_entries, context)
         samples = [RankSample.from_entry(e) for e in rank_entries]
         rank_entries = [e for e in rank_entries if e["dp_rank"] == 0]
     else:
-        _check_replica(rank_entries, samples, meta)
-    pp, tp, dp = meta["pipeline_parallel_size"], meta["tensor_parallel_size"], meta["data_parallel_size"]
+        _check_replica(rank_entries, samples, context)
+    pp, tp, dp = context.pipeline_parallel_size, context.tensor_parallel_size, context.data_parallel_size
     stages = []
     for stage_id in range(pp):
         replica = sorted((e for e in rank_entries if e["stage_id"] == stage_id), key=lambda e: e["tp_rank"])
@@ -302,21 +308,26 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
     iter_s = max(s["train_batch_latency_s"] for s in stages)
     if iter_s <= 0:
         raise ValueError("every stage's train_batch time is 0: nothing was timed")
+    timing = context.timing
+    unprofiled_s = timing.unprofiled_iter_s if timing is not None else None
+    rate_s = unprofiled_s if unprofiled_s else iter_s  # the iteration time every rate below is taken over
     for stage in stages:
         stage["busy_share"] = stage["busy_s"] / iter_s
         stage_flops = stage["fwd_flops"] + stage["bwd_flops"] + stage["recompute_flops"]
-        stage["tflops_per_gpu"] = stage_flops / iter_s / tp / 1e12
+        stage["tflops_per_gpu"] = stage_flops / rate_s / tp / 1e12
     bounding = max(stages, key=lambda s: (s["busy_s"], -s["stage_id"]))
 
     fwd = sum(s["fwd_flops"] for s in stages)
     bwd = sum(s["bwd_flops"] for s in stages)
     recompute = sum(s["recompute_flops"] for s in stages)
+    measured = fwd + bwd + recompute
     model_tree = merge_stage_trees([s["modules"] for s in stages])
-    samples_per_s = meta["micro_batches"] * meta["micro_batch_size"] * dp / iter_s
-    seq = meta.get("seq_length")
-    model_tflops = (fwd + bwd) / iter_s / (pp * tp) / 1e12
-    peak = meta.get("peak_tflops")
-    analytic = meta.get("analytic")
+    samples_per_s = context.micro_batches * context.micro_batch_size * dp / rate_s
+    seq = context.run.seq_length
+    model_tflops = (fwd + bwd) / rate_s / (pp * tp) / 1e12
+    tflops = measured / rate_s / (pp * tp) / 1e12
+    peak = context.peak_tflops
+    analytic = context.run.analytic
     analytic_flops = None
     if analytic is not None:
         analytic = {kind: int(analytic[kind]) for kind in ("fwd_flops", "bwd_flops", "recompute_flops")}
@@ -329,50 +340,82 @@ def build_report(rank_entries: List[dict], meta: dict, samples: Optional[List[Ra
         "recompute_flops": recompute,
         "analytic_flops": analytic_flops,
         "analytic": analytic,
-        "measured_over_analytic": (fwd + bwd + recompute) / analytic_flops if analytic_flops else None,
+        "measured_over_analytic": measured / analytic_flops if analytic_flops else None,
         "iter_latency_s": iter_s,
-        # the iteration time the rates below use: the profiled one, until apply_perturbation (perturbation.py)
-        # puts an unprofiled iteration's in its place
-        "throughput_iter_s": iter_s,
-        "throughput_basis": "profiled",
+        "throughput_iter_s": rate_s,
+        "throughput_basis": "unprofiled" if unprofiled_s else "profiled",
         "fwd_latency_s": bounding["fwd_latency_s"],
         "bwd_latency_s": bounding["bwd_latency_s"],
         "step_latency_s": bounding["step_latency_s"],
-        "tflops_per_gpu": (fwd + bwd + recompute) / iter_s / (pp * tp) / 1e12,
+        "tflops_per_gpu": tflops,
         "model_tflops_per_gpu": model_tflops,
         "samples_per_s": samples_per_s,
         "tokens_per_s": samples_per_s * seq if seq else None,
         "peak_tflops": peak,
         "mfu": model_tflops / peak if peak else None,
     }
+    notes = dict(NOTES)
+    if context.clock_note is not None:  # no ping rounds ran: the note says how the clocks were placed
+        notes["clock_sync"] = context.clock_note
     return {
         "schema_version": SCHEMA_VERSION,
-        "step": int(meta["step"]),
+        "step": int(context.step),
         "parallelism": {
-            "world_size": int(meta["world_size"]),
+            "world_size": int(context.world_size),
             "pipeline_parallel_size": int(pp),
             "tensor_parallel_size": int(tp),
             "data_parallel_size": int(dp),
-            "micro_batches": int(meta["micro_batches"]),
-            "micro_batch_size": int(meta["micro_batch_size"]),
+            "micro_batches": int(context.micro_batches),
+            "micro_batch_size": int(context.micro_batch_size),
             "seq_length": seq,
         },
-        "activation_checkpointing": bool(meta["activation_checkpointing"]),
-        "optimizer_step_skipped": bool(meta.get("optimizer_step_skipped", False)),
-        "recompute_note": meta.get("recompute_note"),
-        "collection_note": meta.get("collection_note"),
-        "perturbation": None,  # perturbation.apply_perturbation: the profiled iteration against unprofiled ones
-        "device": {"name": meta.get("device_name"), "dtype": meta.get("dtype"), "peak_tflops": peak},
+        "activation_checkpointing": bool(context.activation_checkpointing),
+        "optimizer_step_skipped": bool(context.optimizer_step_skipped),
+        "recompute_note": context.run.recompute_note,
+        "collection_note": context.collection_note,
+        "perturbation": _perturbation(timing, context, tflops, measured * dp),
+        "device": {"name": context.device_name, "dtype": context.dtype, "peak_tflops": peak},
         "totals": totals,
-        "flops_counting": flops_counting(replica, int(meta["step"])),
+        "flops_counting": flops_counting(replica, int(context.step)),
         "uncounted_ops": _uncounted_ops(replica),
         "bounding_stage": bounding["stage_id"],
-        "bubble": bubble_analysis(stages, compute_s, bounding, int(meta["micro_batches"]), span) if span else None,
+        "bubble": bubble_analysis(stages, compute_s, bounding, int(context.micro_batches), span) if span else None,
         "stages": stages,
         "model_tree": model_tree,
         "stragglers": straggler_view(samples, pp, dp),
-        "notes": dict(NOTES),
+        "notes": notes,
     }
+
+
+def _perturbation(timing, context, report_tflops, measured_flops):
+    """The profiled iteration against the unprofiled ones (null without a timing), and the training log line's
+    TFLOPs over the same unprofiled time beside the report's, with why they differ."""
+    if timing is None:
+        return None
+    unprofiled = timing.unprofiled_iter_s
+    log_flops = context.run.log_line_flops
+    log_tflops = log_flops / (unprofiled * context.world_size) / 1e12 if unprofiled and log_flops is not None \
+        else None
+    return {
+        "profiled_iter_s": timing.profiled_iter_s,
+        "unprofiled_iter_s": unprofiled,
+        "unprofiled_iterations": list(timing.unprofiled_iterations),
+        "log_line_flops": log_flops,
+        "clock": timing.clock,
+        "ratio": timing.profiled_iter_s / unprofiled if unprofiled else None,
+        "log_line_tflops": log_tflops,
+        "log_line_note": log_line_note(log_tflops, report_tflops, log_flops, measured_flops)
+        if log_tflops is not None else None,
+    }
+
+
+def log_line_note(log_tflops: float, report_tflops: float, log_flops: float, measured_flops: int) -> str:
+    """One line: why the log line's TFLOPs and the report's differ, at the same time and GPU count."""
+    return (f"the log line's {log_tflops:.3g} TFLOPs is Megatron-DeepSpeed's formula, {log_flops:.4g} FLOPs per "
+            f"iteration of the global batch (backward = 2 x forward; under --checkpoint-activations one more forward "
+            f"of every layer; LM head included), over the same time and world size; the report's {report_tflops:.3g} "
+            f"counts what the kernels executed, {measured_flops:.4g} FLOPs (every replica, fwd + bwd + recompute), "
+            f"so they differ by exactly the ratio of the two counts, {log_flops / measured_flops:.4f}")
 
 
 def flops_counting(replica: List[dict], step: int) -> dict:

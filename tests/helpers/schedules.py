@@ -4,6 +4,8 @@ from collections import defaultdict
 
 from deepspeed.runtime.pipe.schedule import TrainSchedule
 
+from tests.helpers.contexts import report_context
+
 TF, TB = 0.25, 0.5  # ideal forward and backward times per micro-batch: exact binary fractions
 
 
@@ -60,8 +62,5 @@ def schedule_entries(stages, micro_batches, tp=1, shifts=None):
     return entries
 
 
-def schedule_meta(stages, micro_batches, tp=1):
-    return {"step": 3, "world_size": stages * tp, "pipeline_parallel_size": stages, "tensor_parallel_size": tp,
-            "data_parallel_size": 1, "micro_batches": micro_batches, "micro_batch_size": 1, "seq_length": 4,
-            "activation_checkpointing": False, "analytic": None, "peak_tflops": None, "device_name": "cpu",
-            "dtype": "fp32"}
+def schedule_context(stages, micro_batches, tp=1, seq_length=4):
+    return report_context(3, stages, tp, 1, micro_batches, 1, seq_length=seq_length)

@@ -1,0 +1,53 @@
+"""The profiler's flags for a Megatron argument parser, defined once: our GPT fork's parser and upstream
+Megatron-DeepSpeed's (through patches.megatron_upstream) both add them here and check them here.
+
+    --profile-flops-step N       profile iteration N on every stage and print one gathered report
+    --profile-flops-output DIR   where flops_profile_stepN.json and pipeline_trace_stepN.json go
+    --profile-flops-counting     where N's FLOPs are counted: in N-1 (default) or in N itself
+"""
+import os
+from argparse import ArgumentParser, Namespace
+from typing import Any
+
+from patches.errors import PatchConfigError
+from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNTING_CHOICES
+
+PROFILE_STEP_FLAG = "--profile-flops-step"
+COUNTING_HELP = ("where --profile-flops-step counts FLOPs: 'previous' (default): in the iteration before, with a "
+                 "dispatch mode, so that the profiled iteration runs without one (its module calls are checked "
+                 "against the counted ones); 'profiled': in the profiled iteration itself (for a model whose "
+                 "iterations differ in shape; the profiled iteration runs slower)")
+
+
+def add_profiler_flags(parser: ArgumentParser) -> Any:
+    """Add the flags to `parser` in their own group; returns the group (a Megatron may add its own to it)."""
+    group = parser.add_argument_group("FLOPs profiler (patches)")
+    group.add_argument(PROFILE_STEP_FLAG, type=int, default=None,
+                       help="profile this iteration on every pipeline stage and print one gathered report")
+    group.add_argument("--profile-flops-output", default=".",
+                       help="directory for flops_profile_step{N}.json and pipeline_trace_step{N}.json "
+                            "(default: the working directory)")
+    group.add_argument("--profile-flops-counting", choices=COUNTING_CHOICES, default=COUNT_IN_PREVIOUS,
+                       help=COUNTING_HELP)
+    return group
+
+
+def check_profiler_flags(args: Namespace) -> None:
+    """Raise PatchConfigError on a --profile-flops-step that could never run or report. A Megatron adds its own
+    checks (what its training loop can end on) after these."""
+    step = args.profile_flops_step
+    if step is None:
+        return
+    if step < 1:
+        raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} must be >= 1")
+    train_iters = getattr(args, "train_iters", None)
+    if train_iters is not None and step > train_iters:
+        raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} is beyond --train-iters {train_iters}")
+    output = args.profile_flops_output
+    try:
+        os.makedirs(output, exist_ok=True)  # every rank at once: exist_ok makes that safe
+    except OSError as error:
+        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory "
+                               f"(it cannot be made: {error.strerror})") from None
+    if not os.access(output, os.W_OK | os.X_OK):
+        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory")

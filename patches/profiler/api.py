@@ -1,0 +1,159 @@
+"""DeepSpeed's FlopsProfiler methods, over one StageMeasurement and one report source (sources.py).
+
+Both profilers a user meets are this class composed with a source: PipelineFlopsProfiler with the
+collective GatheredReports, DeepSpeed's own FlopsProfiler(model[0]) on a PipelineEngine with the store's
+PublishedReports (or, on a plain engine, LocalReport). Whether a call is collective is the source's type.
+"""
+import sys
+from typing import Iterable, Optional, Union
+
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from patches.profiler.files import write_json, write_trace
+from patches.profiler.layout import EngineLayout
+from patches.profiler.measurement import StageMeasurement
+from patches.profiler.printer import (
+    duration_to_string,
+    format_aggregated,
+    format_report,
+    number_to_string,
+    params_to_string,
+)
+from patches.profiler.sources import HeldReport, ProfileIncomplete, ReportSource
+
+
+class ProfilerAPI:
+    def __init__(self, measurement: StageMeasurement, source: ReportSource):
+        """source: the report source (sources.py) this profiler reports through."""
+        self.measurement = measurement
+        self._own_source = source
+        self._source = source
+        # DeepSpeed's FlopsProfiler attributes, set when a report is built (print_model_profile, get_report).
+        self.flops = self.macs = self.params = None
+
+    @property
+    def engine(self) -> DeepSpeedEngine:
+        return self.measurement.engine
+
+    @property
+    def layout(self) -> EngineLayout:
+        return self.measurement.layout
+
+    @property
+    def started(self) -> bool:
+        return self.measurement.started
+
+    # ------------------------------------------------------------------ measuring
+    def start_profile(self, ignore_list: Optional[Iterable[type]] = None) -> None:
+        """Install every hook and timer (afresh, if profiled before). Local: no rank waits for another.
+
+        ignore_list: module types left out of the profile, as in DeepSpeed (their flops, latencies and
+        params are not in the report, nor in their ancestors' totals)."""
+        if self.started:
+            return
+        self._source = self._own_source
+        self._source.start(ignore_list)
+
+    def stop_profile(self) -> None:
+        self.measurement.stop()
+
+    def end_profile(self) -> None:
+        """Remove every hook, wrapper and swapped function: the engine runs as if never profiled."""
+        self.measurement.detach()
+
+    def reset_profile(self) -> None:
+        """Zero the counts and timings gathered so far; profiling, if started, goes on."""
+        self.measurement.reset()
+        self._source.forget()
+
+    def hold(self, report: dict) -> None:
+        """Show `report`, built elsewhere (the config section's), until the next start_profile."""
+        self._source = HeldReport(report)
+        self._set_attributes()
+
+    # ------------------------------------------------------------------ the report
+    def get_report(self, profile_step: Optional[int] = None) -> dict:
+        """The schema's dict. Collective where the source is (PipelineFlopsProfiler: every rank calls it)."""
+        report = self._source.report(profile_step)
+        self._set_attributes()
+        return report
+
+    def _set_attributes(self):
+        self.flops, self.macs, self.params = self.get_total_flops(), self.get_total_macs(), self.get_total_params()
+
+    # DeepSpeed's meaning: forward FLOPs, MACs and forward duration of the profiled model, and its params.
+    # Once a report is built (after the profiled step), they are the whole-model values, the same on every
+    # rank: one replica, every micro-batch of the step. Before that, this rank's own counts so far. They never
+    # gather, so one rank may call them alone.
+    def _totals(self):
+        report = self._source.ready()
+        if report is not None:
+            totals = report["totals"]
+            return totals["fwd_flops"], totals["params"], totals["fwd_latency_s"]
+        return self.measurement.local_totals()
+
+    def get_total_flops(self, as_string: bool = False) -> Union[int, str]:
+        flops = self._totals()[0]
+        return _with_unit(number_to_string(flops), "FLOPS") if as_string else flops
+
+    def get_total_macs(self, as_string: bool = False) -> Union[int, str]:
+        """Matrix work is 2 FLOPs per multiply-accumulate, so MACs are half the forward FLOPs."""
+        macs = self._totals()[0] // 2
+        return _with_unit(number_to_string(macs), "MACs") if as_string else macs
+
+    def get_total_params(self, as_string: bool = False) -> Union[int, str]:
+        params = self._totals()[1]
+        return params_to_string(params) if as_string else params
+
+    def get_total_duration(self, as_string: bool = False) -> Union[float, str]:
+        duration = self._totals()[2]
+        return duration_to_string(duration) if as_string else duration
+
+    # ------------------------------------------------------------------ printing and writing
+    def _report_or_say_why(self, profile_step: Optional[int]) -> Optional[dict]:
+        try:
+            return self.get_report(profile_step)
+        except ProfileIncomplete as missing:  # one line instead of the report; training goes on
+            print(str(missing), file=sys.stderr, flush=True)
+            return None
+
+    def print_model_profile(self, profile_step: Optional[int] = None, module_depth: int = -1, top_modules: int = 1,
+                            detailed: bool = True, output_file: Optional[str] = None) -> None:
+        """The whole-model report, printed (or written to output_file) by the rank the source names."""
+        report = self._report_or_say_why(profile_step)
+        if report is None:
+            return
+        text = format_report(report, module_depth=module_depth, top_modules=top_modules,
+                             detailed=detailed) if self._source.emits_here else ""
+        self._source.emit(text, output_file)
+
+    def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
+        """The top module types per depth of the whole model (the report's Aggregated Profile)."""
+        report = self._report_or_say_why(None)
+        if report is None:
+            return
+        text = "\n".join(format_aggregated(report, module_depth, top_modules)) if self._source.emits_here else ""
+        self._source.emit(text)
+
+    def write_json(self, path: str, profile_step: Optional[int] = None) -> None:
+        """The schema's JSON, written to path by the rank the source names."""
+        report = self.get_report(profile_step)
+        self._source.write(lambda: write_json(report, path), path)
+
+    def write_trace(self, path: str, profile_step: Optional[int] = None) -> None:
+        """The Chrome trace (Perfetto, chrome://tracing) of the reported replica: a process per stage, a track
+        per tensor rank (trace.py)."""
+        report = self.get_report(profile_step)
+        trace = self._source.trace(report["step"])
+        self._source.write(lambda: write_trace(trace, path), path)
+
+    def is_expert_tensor_parallelism_enabled(self) -> bool:
+        """DeepSpeed's meaning: a MoE layer of the model shards its experts over tensor ranks."""
+        from deepspeed.moe.layer import MoE
+
+        return any(getattr(m, "enable_expert_tensor_parallelism", False)
+                   for m in self.engine.module.modules() if isinstance(m, MoE))
+
+
+def _with_unit(text, unit):
+    return f"{text}{unit}" if text[-1].isalpha() else f"{text} {unit}"

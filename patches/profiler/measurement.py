@@ -1,0 +1,163 @@
+"""One rank's measurement of its stage: attach to the engine, measure one iteration, detach, and the rank's entry.
+
+    measurement = StageMeasurement(engine)
+    measurement.start()          # a ModuleProfiler on the stage module, EngineHooks on the engine
+    engine.train_batch(...)      # (or forward / backward / step on a plain DeepSpeedEngine)
+    measurement.stop()
+    measurement.entry()          # this rank's RankEntry: local, no collective
+    measurement.detach()         # every hook gone: the engine runs as if never profiled
+
+Where the FLOPs come from is decided at start: counted by a dispatch mode in the measured iteration itself,
+or taken from a counting pass over the iteration before (count_flops), so that the measured iteration runs
+without the mode; its module calls are then checked against the counted ones (calls_differ).
+What the measurements become (a report, gathered or read from the store) is the report sources' job
+(sources.py).
+"""
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from patches.profiler.engine_hooks import EngineHooks
+from patches.profiler.entry import RankEntry, build_rank_entry
+from patches.profiler.layout import EngineLayout
+from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler
+
+# Set on an engine while a measurement is attached: the patches fix DeepSpeed's timers for it, and the config
+# section leaves to the user a step the user is profiling.
+ACTIVE = "flops_profiling_active"
+
+
+@dataclass(frozen=True)
+class CountingPass:
+    """The FLOPs of one iteration, counted by a dispatch mode (count_flops), for the measured iteration after it
+    to take instead of counting on its own timed path."""
+    iteration: int
+    module_profiler: ModuleProfiler  # stopped, hooks removed: its counts stay readable
+
+
+class StageMeasurement:
+    """What one rank measures of its stage over one iteration (see the module docstring)."""
+
+    def __init__(self, engine: DeepSpeedEngine):
+        self.engine = engine
+        self._layout: Optional[EngineLayout] = None
+        self.accelerator = get_accelerator()
+        self.module_profiler: Optional[ModuleProfiler] = None
+        self.hooks: Optional[EngineHooks] = None
+        self.counted: Optional[CountingPass] = None
+        self.calls_differ: List[str] = []  # modules whose calls differ from the counting pass's
+        self.skipped_steps_before = 0
+        self.started = False
+
+    @property
+    def layout(self) -> EngineLayout:
+        # Read on first use: DeepSpeed's engine makes its profiler before a PipelineEngine has its grid.
+        if self._layout is None:
+            self._layout = EngineLayout.of(self.engine)
+        return self._layout
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None, counted: Optional[CountingPass] = None,
+              after_train_batch: Optional[Callable[[], None]] = None) -> None:
+        """Install every hook and timer, afresh. Local: no rank waits for another.
+
+        ignore_list: module types left out (DeepSpeed's meaning). counted: the iteration before's FLOPs (None:
+        count them in this one). after_train_batch: called on this rank when the measured train_batch returns
+        (a PipelineEngine)."""
+        if self.started:
+            return
+        self._remove_hooks()  # measured before and not detached: start afresh
+        module = self.engine.module
+        self.counted = counted
+        self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
+                                              root_name=type(module).__name__, ignore_types=ignore_list,
+                                              count_flops=counted is None)
+        self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize,
+                                 after_train_batch)
+        self.hooks.install()
+        if self.accelerator.device_name() != "cpu":
+            self.accelerator.reset_peak_memory_stats()
+        self.calls_differ = []
+        self.skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
+        self.module_profiler.start()
+        self.hooks.open_window()
+        self.started = True
+        self.engine.__dict__[ACTIVE] = True
+
+    def stop(self) -> None:
+        """Stop measuring; the measurements stay readable, the hooks stay (inert) until detach()."""
+        if not self.started:
+            return
+        self.hooks.close_window()
+        self.module_profiler.stop()
+        if self.counted is not None:
+            self.calls_differ = self.module_profiler.adopt_counts(self.counted.module_profiler)
+        self.started = False
+
+    def detach(self) -> None:
+        """Stop, then remove every hook, wrapper and swapped function: the engine runs as if never measured."""
+        self.stop()
+        self.engine.__dict__.pop(ACTIVE, None)
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        # The measurements stay readable (entry(), the getters); only the attachments go.
+        if self.hooks is not None:
+            self.hooks.remove()
+        if self.module_profiler is not None:
+            self.module_profiler.remove()
+
+    def reset(self) -> None:
+        """Zero what was measured so far; measuring, if started, goes on."""
+        if self.module_profiler is not None:
+            self.module_profiler.reset()
+        if self.hooks is not None:
+            self.hooks.reset()
+
+    @property
+    def measured(self) -> bool:
+        return self.module_profiler is not None
+
+    def entry(self) -> RankEntry:
+        """This rank's measurements (not collective)."""
+        if self.module_profiler is None:
+            raise RuntimeError("start_profile() never ran on this rank: nothing was measured")
+        peak = None
+        if self.accelerator.device_name() != "cpu":
+            peak = int(self.accelerator.max_memory_allocated())
+        counted = self.counted.iteration if self.counted is not None else None
+        return build_rank_entry(self.layout, self.engine.module, self.module_profiler, self.hooks.instructions,
+                                self.hooks.train_batch_s(), peak, counted, self.calls_differ)
+
+    def entry_or_error(self) -> Union[RankEntry, Exception]:
+        """entry(), or the error building it raised: a collective report still needs this rank's part."""
+        try:
+            return self.entry()
+        except Exception as error:
+            return error
+
+    def events(self) -> List[ModuleEvent]:
+        return self.module_profiler.events() if self.module_profiler is not None else []
+
+    def train_batch_s(self) -> float:
+        return self.hooks.train_batch_s() if self.hooks is not None else 0.0
+
+    def local_totals(self) -> Tuple[int, int, float]:
+        """(forward FLOPs, params, forward seconds) of this rank's stage so far (zeros before any start)."""
+        if self.module_profiler is None:
+            return 0, 0, 0.0
+        tree = self.module_profiler.tree()
+        return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
+
+
+def count_flops(engine: DeepSpeedEngine, iteration: int, run_step: Callable[[], Any]) -> Tuple[Any, CountingPass]:
+    """Run one iteration (run_step) with its FLOPs counted on this rank: (its result, the CountingPass). Local: no
+    collective; its timings are not kept."""
+    measurement = StageMeasurement(engine)
+    measurement.start()
+    try:
+        result = run_step()
+    finally:
+        measurement.detach()
+    return result, CountingPass(iteration, measurement.module_profiler)

@@ -1,0 +1,338 @@
+"""Where a profiler's report comes from, and who prints and writes it: one type per way, never a mode.
+
+- GatheredReports: collective. Every rank calls it; the replica's entries travel to global rank 0 over the
+  process groups (gather.py), rank 0 builds the report and broadcasts it; rank 0 prints and writes, and a
+  write rank 0 fails reaches every rank as ReportWriteError. --profile-flops-step, the config section and
+  PipelineFlopsProfiler report this way.
+- PublishedReports: no collective. Each rank that measured a pipeline's train_batch publishes its entry in the
+  process group's store when that train_batch returns (store_exchange.py); any rank that asks builds the
+  whole-pipeline report from the store, waiting a bounded time for each rank, and prints or writes it
+  itself. DeepSpeed's FlopsProfiler(model[0]), driven by user code on any subset of ranks, reports this way.
+- LocalReport: a plain DeepSpeedEngine driven by user code: the calling rank's own measurements, as stock
+  DeepSpeed reports them.
+- HeldReport: a report built elsewhere (the config section's, gathered), held for the getters and prints of
+  engine.flops_profiler afterwards, on any rank, with no collective.
+
+Every source's report(step) returns build_report's dict, built once per step and never edited.
+"""
+import sys
+from typing import Callable, Iterable, List, Optional, Protocol
+
+import torch.distributed as dist
+
+from patches.engine_registry import engine_ordinal
+from patches.profiler import store_exchange
+from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
+from patches.profiler.files import write_text
+from patches.profiler.gather import ReportGroups, gather_replica, gather_report
+from patches.profiler.layout import EngineLayout
+from patches.profiler.measurement import StageMeasurement
+from patches.profiler.report import build_report
+from patches.profiler.stragglers import RankSample
+from patches.profiler.trace import build_trace
+
+
+class ReportWriteError(OSError):
+    """Global rank 0 could not write a report file; raised on every rank with rank 0's reason."""
+
+
+class ProfileIncomplete(RuntimeError):
+    """The whole-pipeline report cannot be built: the message names what is missing (one line)."""
+
+
+class ReportSource(Protocol):
+    """What a profiler asks of its source (ProfilerAPI)."""
+    emits_here: bool  # whether this rank prints and writes
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None: ...  # measure afresh
+    def forget(self) -> None: ...  # drop the reports built so far
+    def ready(self) -> Optional[dict]: ...  # the report, where it is at hand without a collective; else None
+    def report(self, step: Optional[int] = None) -> dict: ...
+    def trace(self, step: Optional[int] = None) -> Optional[dict]: ...  # the Chrome trace, where this rank writes
+    def emit(self, text: str, output_file: Optional[str] = None) -> None: ...
+    def write(self, write: Callable[[], None], path: str) -> None: ...
+
+
+class GatheredReports:
+    """Collective: see the module docstring."""
+
+    def __init__(self, measurement: StageMeasurement, run: RunDescription = UNDESCRIBED,
+                 timing: Optional[IterationTiming] = None):
+        self.measurement = measurement
+        self.run = run
+        self.timing = timing
+        self._groups: Optional[ReportGroups] = None
+        self._report: Optional[dict] = None
+        self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
+
+    @property
+    def emits_here(self) -> bool:
+        return dist.get_rank() == 0
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
+        self.forget()
+        self.measurement.start(ignore_list)
+
+    def forget(self) -> None:
+        self._report, self._entries = None, None
+
+    def ready(self) -> Optional[dict]:
+        """The report gathered already, or None: never gathers (a getter may be called on one rank alone)."""
+        return self._report
+
+    def report(self, step: Optional[int] = None) -> dict:
+        """Collective over the world group: every rank calls it (a rank that never measured names itself in the
+        error every rank raises). step: the report's label (default: the engine's global steps)."""
+        if step is None:
+            step = self._report["step"] if self._report is not None else self.measurement.engine.global_steps
+        if self._report is None or self._report["step"] != step:
+            measurement = self.measurement
+            if self._groups is None:  # collective: made here, where every rank is
+                self._groups = ReportGroups.for_layout(measurement.layout)
+            context = ReportContext.of(measurement.engine, measurement.layout, step, self.run, self.timing,
+                                       measurement.skipped_steps_before)
+            result = gather_report(measurement.layout, self._groups, measurement.entry_or_error(), context)
+            self._report, self._entries = result.report, result.replica_entries
+        return self._report
+
+    def trace(self, step: Optional[int] = None) -> Optional[dict]:
+        """Collective over replica 0 (the others return at once): the Chrome trace on global rank 0, else None."""
+        report = self.report(step)
+        layout = self.measurement.layout
+        if not layout.in_replica:  # the trace shows replica 0 only; its ranks alone gather
+            return None
+        gathered = gather_replica((dist.get_rank(), self.measurement.events()), layout, self._groups)
+        if gathered is None:
+            return None
+        return build_trace(self._entries, dict(gathered), report["step"])
+
+    def emit(self, text: str, output_file: Optional[str] = None) -> None:
+        """Collective: rank 0 prints `text` (or writes it to output_file)."""
+        if output_file:
+            self.write(lambda: write_text(text, output_file), output_file)
+        elif text:
+            print(text, flush=True)
+
+    def write(self, write: Callable[[], None], path: str) -> None:
+        """Collective: rank 0 runs write(); its OSError reaches every rank at once (a broadcast), so no rank
+        trains on into a collective that rank 0, gone, never enters."""
+        outcome = [None]
+        if dist.get_rank() == 0:
+            try:
+                write()
+            except OSError as error:
+                outcome[0] = f"{type(error).__name__}: {error}"
+        world = self._groups.world if self._groups is not None else None
+        dist.broadcast_object_list(outcome, src=0, group=world)
+        if outcome[0] is not None:
+            raise ReportWriteError(f"the profile report was not written to {path} on rank 0: {outcome[0]}")
+
+
+class _CallingRankOutput:
+    """The calling rank prints and writes (DeepSpeed's behaviour for its FlopsProfiler)."""
+    emits_here = True
+
+    def emit(self, text: str, output_file: Optional[str] = None) -> None:
+        if output_file:
+            write_text(text, output_file)
+        else:
+            print(text, flush=True)
+
+    def write(self, write: Callable[[], None], path: str) -> None:
+        write()
+
+
+class PublishedReports(_CallingRankOutput):
+    """Through the store: see the module docstring."""
+
+    def __init__(self, measurement: StageMeasurement):
+        self.measurement = measurement
+        self._namespace: Optional[str] = None  # the store keys of this rank's measured train_batch
+        self._step: Optional[int] = None
+        self._collected = None  # (replica entries, samples, collection note, module events by rank)
+        self._reports = {}
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
+        self.forget()
+        self._namespace = None
+        self._step = self.measurement.engine.global_steps + 1  # the iteration as Megatron's log numbers it
+        self.measurement.start(ignore_list, after_train_batch=self._publish)
+
+    def forget(self) -> None:
+        self._collected, self._reports = None, {}
+
+    def _publish(self) -> None:
+        """Called when the measured train_batch returns: detach everything, then publish (never waits)."""
+        measurement = self.measurement
+        measurement.stop()
+        publication = self._publication()
+        measurement.detach()  # the measurements stay; no hook, wrapper or flag remains on the engine
+        self._namespace = f"engine{engine_ordinal(measurement.engine)}/step{self._step}"
+        store_exchange.publish(self._namespace, publication)
+
+    def _publication(self) -> store_exchange.Publication:
+        rank, layout = dist.get_rank(), self.measurement.layout
+        host, wall_minus_perf_s = store_exchange.this_host_clock()
+        try:
+            entry = self.measurement.entry().as_dict()
+            sample = RankSample.from_entry(entry)
+        except Exception as error:  # the readers name this rank and why, instead of waiting for it
+            sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, error)
+            return store_exchange.Publication(rank, sample, None, None, host, wall_minus_perf_s)
+        in_replica = layout.in_replica
+        return store_exchange.Publication(rank, sample, entry if in_replica else None,
+                                          self.measurement.events() if in_replica else None,
+                                          host, wall_minus_perf_s)
+
+    def ready(self) -> Optional[dict]:
+        """The report, where this rank published (reading the store waits a bounded time only)."""
+        return self.report() if self._namespace is not None else None
+
+    def report(self, step: Optional[int] = None) -> dict:
+        """Not collective (ProfileIncomplete names what is missing). step only labels the report (DeepSpeed's
+        meaning); by default the iteration measured."""
+        step = self._step if step is None else int(step)
+        if step not in self._reports:
+            entries, samples, note, _ = self._collect()
+            measurement = self.measurement
+            context = ReportContext.of(measurement.engine, measurement.layout, step,
+                                       skipped_steps_before=measurement.skipped_steps_before,
+                                       collection_note=note, clock_note=note)
+            self._reports[step] = build_report(entries, context, samples)
+        return self._reports[step]
+
+    def _collect(self):
+        if self._collected is not None:
+            return self._collected
+        if self._namespace is None:
+            raise ProfileIncomplete(
+                "flops profiler: nothing measured on this rank: call start_profile() before the train_batch to "
+                "profile (on every rank), and read the profile after that train_batch")
+        layout = self.measurement.layout
+        collected = store_exchange.collect(self._namespace, store_exchange.world_ranks(),
+                                           wait_s=2 * self.measurement.train_batch_s())
+        if collected.missing:
+            raise ProfileIncomplete(
+                f"flops profiler: no whole-pipeline profile of step {self._step}: {_where(collected.missing, layout)} "
+                "did not profile that train_batch (call start_profile() on every rank before it)")
+        failed = [p for p in collected.found.values() if p.sample.failure]
+        if failed:
+            raise ProfileIncomplete(
+                f"flops profiler: no whole-pipeline profile of step {self._step}: rank {failed[0].global_rank} "
+                f"failed building its profile entry: {failed[0].sample.failure}")
+        replica = [collected.found[rank] for rank in layout.replica_ranks()]
+        reference = collected.found[layout.rank_of(0, 0, 0)]
+        entries, note = [], SAME_HOST_CLOCK
+        for publication in replica:
+            entry = dict(publication.entry)
+            if publication.host != reference.host:  # one host shares one monotonic clock: no offset there
+                entry["clock_offset_s"] = reference.wall_minus_perf_s - publication.wall_minus_perf_s
+                note = CROSS_HOST_CLOCKS
+            entries.append(entry)
+        samples = [collected.found[rank].sample for rank in sorted(collected.found)]
+        events = {p.global_rank: p.module_events for p in replica}
+        self._collected = (entries, samples, note, events)
+        return self._collected
+
+    def trace(self, step: Optional[int] = None) -> dict:
+        report = self.report(step)
+        entries, _, _, events = self._collect()
+        return build_trace(entries, events, report["step"])
+
+
+class LocalReport(_CallingRankOutput):
+    """A plain engine under user code: see the module docstring."""
+
+    def __init__(self, measurement: StageMeasurement):
+        self.measurement = measurement
+        self._reports = {}
+        self._entry: Optional[dict] = None
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
+        self.forget()
+        self.measurement.start(ignore_list)
+
+    def forget(self) -> None:
+        self._reports, self._entry = {}, None
+
+    def ready(self) -> Optional[dict]:
+        return self.report() if self.measurement.measured else None
+
+    def report(self, step: Optional[int] = None) -> dict:
+        measurement = self.measurement
+        if not measurement.measured:
+            raise ProfileIncomplete("flops profiler: nothing measured on this rank: call start_profile() first")
+        step = measurement.engine.global_steps if step is None else int(step)
+        if step not in self._reports:
+            entry = self._one_rank_entry()
+            note = (f"global rank {dist.get_rank()} of {dist.get_world_size()} only: DeepSpeed's FlopsProfiler on a "
+                    "plain engine reports the calling rank's model")
+            context = ReportContext.of(measurement.engine, ONE_RANK, step,
+                                       skipped_steps_before=measurement.skipped_steps_before, collection_note=note,
+                                       micro_batches=entry["instructions"].get("ForwardPass", {}).get("count", 0))
+            self._reports[step] = build_report([entry], context)
+        return self._reports[step]
+
+    def _one_rank_entry(self) -> dict:
+        if self._entry is None:
+            entry = self.measurement.entry().as_dict()
+            entry.update(global_rank=0, stage_id=0, tp_rank=0, dp_rank=0)  # a one-rank report of this rank
+            self._entry = entry
+        return self._entry
+
+    def trace(self, step: Optional[int] = None) -> dict:
+        report = self.report(step)
+        return build_trace([self._one_rank_entry()], {0: self.measurement.events()}, report["step"])
+
+
+class HeldReport(_CallingRankOutput):
+    """A finished report: see the module docstring."""
+
+    def __init__(self, report: dict):
+        self._report = report
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
+        raise RuntimeError("a held report is not measured again")
+
+    def forget(self) -> None:
+        pass
+
+    def ready(self) -> Optional[dict]:
+        return self._report
+
+    def report(self, step: Optional[int] = None) -> dict:
+        """step only labels the report (DeepSpeed's meaning): another step gives a relabelled copy."""
+        if step is None or int(step) == self._report["step"]:
+            return self._report
+        return dict(self._report, step=int(step))
+
+    def trace(self, step: Optional[int] = None) -> dict:
+        raise ProfileIncomplete("flops profiler: the config section's profile keeps no trace on this rank; "
+                                "profile with --profile-flops-step (pipeline_trace_stepN.json) for one")
+
+
+# A one-rank report of the calling rank (LocalReport).
+ONE_RANK = EngineLayout(0, 0, 0, 1, 1, 1, None, is_pipeline=False)
+
+_PUBLISHED = ("user code drove DeepSpeed's FlopsProfiler: each stage published its measurements through the "
+              "process group's store when its train_batch returned; ")
+SAME_HOST_CLOCK = _PUBLISHED + "the replica is on one host, whose monotonic clock its ranks share (no alignment needed)"
+CROSS_HOST_CLOCKS = _PUBLISHED + ("the replica spans several hosts: their clocks are aligned by the hosts' wall clocks "
+                                  "(NTP), whose error is not measured (clock error 0 in the bubble means unmeasured)")
+
+
+def _where(ranks: List[int], layout: EngineLayout) -> str:
+    """'stage 0 (ranks 0, 2)'-style: the stages and ranks of `ranks`."""
+    coordinates = {layout.rank_of(s, t, d): s for s in range(layout.pp) for t in range(layout.tp)
+                   for d in range(layout.dp)}
+    by_stage = {}
+    for rank in sorted(ranks):
+        by_stage.setdefault(coordinates[rank], []).append(str(rank))
+    return "; ".join(f"stage {stage} (rank{'s' if len(members) > 1 else ''} {', '.join(members)})"
+                     for stage, members in sorted(by_stage.items()))
+
+
+def warn_on_rank_0(line: str) -> None:
+    """One warning line from global rank 0 (training goes on)."""
+    if dist.get_rank() == 0:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
