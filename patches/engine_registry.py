@@ -10,13 +10,16 @@ from typing import Optional, Union
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 
-_ENGINE_OF_MODULE = weakref.WeakKeyDictionary()
+# Weak both ways: an engine holds its module, so a strong value would keep its own key (and itself) alive.
+_ENGINE_OF_MODULE = weakref.WeakKeyDictionary()  # PipelineModule -> weakref to its PipelineEngine
 _ORDINAL_OF_ENGINE = weakref.WeakKeyDictionary()
+_REGISTERED = [0]  # engines registered so far in this process (an ordinal is never reused)
 
 
 def register(engine: PipelineEngine) -> None:
-    _ENGINE_OF_MODULE[engine.module] = engine
-    _ORDINAL_OF_ENGINE[engine] = len(_ORDINAL_OF_ENGINE)
+    _ENGINE_OF_MODULE[engine.module] = weakref.ref(engine)
+    _ORDINAL_OF_ENGINE[engine] = _REGISTERED[0]
+    _REGISTERED[0] += 1
 
 
 def engine_ordinal(engine: PipelineEngine) -> Union[int, str]:
@@ -30,5 +33,5 @@ def pipeline_engine_of(model: object, ds_engine: object = None) -> Optional[Pipe
         if isinstance(candidate, PipelineEngine):
             return candidate
         if isinstance(candidate, PipelineModule) and candidate in _ENGINE_OF_MODULE:
-            return _ENGINE_OF_MODULE[candidate]
+            return _ENGINE_OF_MODULE[candidate]()
     return None

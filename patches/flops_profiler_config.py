@@ -24,14 +24,18 @@ What these patches change:
 """
 import functools
 import weakref
-from dataclasses import dataclass
 
 import deepspeed.runtime.engine as ds_engine
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
-from patches.profiler.measurement import ACTIVE
+from patches.profiler.context import UNDESCRIBED
+from patches.profiler.measurement import ACTIVE, StageMeasurement
+from patches.profiler.one_step import ProfileSchedule, report_and_detach
+from patches.profiler.printer import format_report
+from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
+from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
 
 WHAT_IT_FIXES = "the flops_profiler section (and engine.flops_profiler)"
 
@@ -77,7 +81,6 @@ def _with_flops_profiler(original_init):
         if not wants_profiler(self):
             return
         check_section(self._config.flops_profiler_config)
-        from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
         self.flops_profiler = UserCodeFlopsProfiler(self)
         if self.autotuning_enabled() and not self.wall_clock_breakdown():
             # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().
@@ -126,18 +129,14 @@ def _section_serves(engine):
     return _state["flag_step"] is None and wants_profiler(engine) and ours and not engine.__dict__.get(ACTIVE)
 
 
-@dataclass(frozen=True)
 class SectionOutput:
     """What the section does with its report: global rank 0 prints it as the section asks, or, under autotuning,
     the engine gets DeepSpeed's autotuning metrics; engine.flops_profiler holds it afterwards on every rank."""
-    engine: DeepSpeedEngine
 
-    def deliver(self, reports, step: int) -> None:
+    def deliver(self, reports: GatheredReports, step: int) -> None:
         """Collective: every rank of every stage profiled this step, and every rank is here."""
-        from patches.profiler.printer import format_report
-        from patches.profiler.sources import ReportWriteError, warn_on_rank_0
-
-        engine, config = self.engine, self.engine._config.flops_profiler_config
+        engine = reports.measurement.engine
+        config = engine._config.flops_profiler_config
         report = reports.report(step)
         if engine.autotuning_enabled():
             _set_autotuning_metric(engine, report)
@@ -167,13 +166,15 @@ _SCHEDULES = weakref.WeakKeyDictionary()
 
 
 def _schedule_of(engine):
-    from patches.profiler.context import UNDESCRIBED
-    from patches.profiler.one_step import ProfileSchedule
-
-    if engine not in _SCHEDULES:
-        _SCHEDULES[engine] = ProfileSchedule(engine.flops_profiler_profile_step(), lambda _: UNDESCRIBED,
-                                             SectionOutput(engine), timed=False)
+    if engine not in _SCHEDULES:  # (nothing in a schedule holds the engine: the entry goes with it)
+        _SCHEDULES[engine] = ProfileSchedule(engine.flops_profiler_profile_step(), _undescribed, SectionOutput(),
+                                             timed=False)
     return _SCHEDULES[engine]
+
+
+def _undescribed(engine):
+    """DeepSpeed's config knows nothing of the run beyond the engine."""
+    return UNDESCRIBED
 
 
 def _profiling_train_batch(original_train_batch):
@@ -182,8 +183,9 @@ def _profiling_train_batch(original_train_batch):
         if not _section_serves(self):
             return original_train_batch(self, data_iter)
 
-        def run_batch():  # the profiler's timed train_batch where it shadows the engine's, else DeepSpeed's own
-            return self.__dict__.get("train_batch", functools.partial(original_train_batch, self))(data_iter)
+        def run_batch():  # while measured, the profiler's timed train_batch (shadowing the engine's); else DeepSpeed's
+            return self.__dict__["train_batch"](data_iter) if self.__dict__.get(ACTIVE) else \
+                original_train_batch(self, data_iter)
 
         return _schedule_of(self).run(self, self.global_steps, run_batch)
 
@@ -198,9 +200,6 @@ def _profiling_forward(original_forward):
         if isinstance(self, PipelineEngine) or not _section_serves(self) or \
                 self.global_steps != self.flops_profiler_profile_step():
             return original_forward(self, *inputs, **kwargs)
-        from patches.profiler.measurement import StageMeasurement
-        from patches.profiler.sources import GatheredReports
-
         measurement = StageMeasurement(self)
         measurement.start()  # shadows forward, backward and step on this engine with timed ones
         timed_step = self.step
@@ -210,10 +209,7 @@ def _profiling_forward(original_forward):
             result = timed_step(*args, **kwargs)
             if self.global_steps != steps_before:  # the accumulation boundary closed the profiled step
                 measurement.stop()
-                try:
-                    SectionOutput(self).deliver(GatheredReports(measurement), steps_before)
-                finally:
-                    measurement.detach()  # removes this wrapper with the others
+                report_and_detach(measurement, steps_before, SectionOutput())  # removes this wrapper with the rest
             return result
 
         self.step = step

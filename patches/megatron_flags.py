@@ -6,8 +6,9 @@ Megatron-DeepSpeed's (through patches.megatron_upstream) both add them here and 
     --profile-flops-counting     where N's FLOPs are counted: in N-1 (default) or in N itself
 """
 import os
+import tempfile
 from argparse import ArgumentParser, Namespace
-from typing import Any
+from typing import Any, Optional
 
 from patches.errors import PatchConfigError
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNTING_CHOICES
@@ -44,10 +45,25 @@ def check_profiler_flags(args: Namespace) -> None:
     if train_iters is not None and step > train_iters:
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} {step} is beyond --train-iters {train_iters}")
     output = args.profile_flops_output
+    problem = unwritable_directory(output)
+    if problem is not None:
+        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory ({problem})")
+
+
+def unwritable_directory(path: str) -> Optional[str]:
+    """Why a directory cannot be written to, or made and then written to; None where it can. Nothing is left
+    behind (rank 0 makes the directory when it writes the report): the check makes a probe directory in the
+    nearest existing ancestor and removes it."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "it is a file"
+    ancestor = path
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return f"{ancestor} is a file"
     try:
-        os.makedirs(output, exist_ok=True)  # every rank at once: exist_ok makes that safe
+        os.rmdir(tempfile.mkdtemp(prefix=".profile-flops-output-probe.", dir=ancestor))
     except OSError as error:
-        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory "
-                               f"(it cannot be made: {error.strerror})") from None
-    if not os.access(output, os.W_OK | os.X_OK):
-        raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory")
+        return f"{ancestor}: {error.strerror}"
+    return None

@@ -74,9 +74,9 @@ def _replace(module: ModuleType, name: str, original: Callable, patched: Callabl
 # ---------------------------------------------------------------- the flags
 def check_upstream_profiler_flags(args: Namespace) -> None:
     """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run."""
-    check_profiler_flags(args)
     if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
+    check_profiler_flags(args)
 
 
 def _patch_parse_args(module: ModuleType) -> None:

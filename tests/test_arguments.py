@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from megatron.arguments import parse_args
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.flags import TINY_GPT
 from tests.helpers.launch import REPO, launch
@@ -54,6 +55,19 @@ def assert_one_line_exit_2(process, expected):
 @pytest.mark.parametrize("extra,world_size,expected", BAD_COMBINATIONS)
 def test_bad_flags_exit_2_with_one_line(extra, world_size, expected, monkeypatch, capsys):
     assert expected in one_line_exit_2(BASE + extra, world_size, monkeypatch, capsys)
+
+
+def test_the_output_directory_is_checked_without_being_made(tmp_path, monkeypatch, capsys):
+    """A run refused at start leaves nothing behind; a directory that can be made is accepted (rank 0 makes it
+    when it writes the report)."""
+    output = tmp_path / "profiles" / "run1"
+    refused = BASE + ["--profile-flops-step", "6", "--profile-flops-output", output]
+    assert "--profile-flops-step 6 is beyond --train-iters 5" in one_line_exit_2(refused, 1, monkeypatch, capsys)
+    monkeypatch.setenv("RANK", "0")
+    args = parse_args([str(a) for a in BASE + ["--profile-flops-step", "2", "--profile-flops-output", output]],
+                      world_size=1)
+    assert args.profile_flops_output == str(output)
+    assert list(tmp_path.iterdir()) == []  # neither refused nor accepted made a directory (nor left a probe)
 
 
 def test_deepspeed_config_contradicting_flags(tmp_path, monkeypatch, capsys):

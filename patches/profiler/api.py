@@ -1,8 +1,9 @@
 """DeepSpeed's FlopsProfiler methods, over one StageMeasurement and one report source (sources.py).
 
 Both profilers a user meets are this class composed with a source: PipelineFlopsProfiler with the
-collective GatheredReports, DeepSpeed's own FlopsProfiler(model[0]) on a PipelineEngine with the store's
-PublishedReports (or, on a plain engine, LocalReport). Whether a call is collective is the source's type.
+collective GatheredReports; DeepSpeed's own FlopsProfiler(model[0]) on a PipelineEngine, and
+engine.flops_profiler, with the store's PublishedReports (engine.flops_profiler of a plain engine:
+LocalReport). Whether a call is collective is the source's type.
 """
 import sys
 from typing import Iterable, Optional, Union
@@ -19,15 +20,15 @@ from patches.profiler.printer import (
     number_to_string,
     params_to_string,
 )
-from patches.profiler.sources import HeldReport, ProfileIncomplete, ReportSource
+from patches.profiler.sources import HeldReport, MeasuringSource, ProfileIncomplete, ReportSource
 
 
 class ProfilerAPI:
-    def __init__(self, measurement: StageMeasurement, source: ReportSource):
-        """source: the report source (sources.py) this profiler reports through."""
+    def __init__(self, measurement: StageMeasurement, source: MeasuringSource):
+        """source: the report source (sources.py) this profiler measures and reports through."""
         self.measurement = measurement
         self._own_source = source
-        self._source = source
+        self._source: ReportSource = source  # the own source, or a report held (hold) until the next start
         # DeepSpeed's FlopsProfiler attributes, set when a report is built (print_model_profile, get_report).
         self.flops = self.macs = self.params = None
 
@@ -52,7 +53,7 @@ class ProfilerAPI:
         if self.started:
             return
         self._source = self._own_source
-        self._source.start(ignore_list)
+        self._own_source.start(ignore_list)
 
     def stop_profile(self) -> None:
         self.measurement.stop()
@@ -62,8 +63,9 @@ class ProfilerAPI:
         self.measurement.detach()
 
     def reset_profile(self) -> None:
-        """Zero the counts and timings gathered so far; profiling, if started, goes on."""
+        """Zero the counts and timings gathered so far (a held report goes too); profiling, if started, goes on."""
         self.measurement.reset()
+        self._source = self._own_source
         self._source.forget()
 
     def hold(self, report: dict) -> None:

@@ -1,7 +1,7 @@
 """Where a rank sits in the pp x tp x dp grid of a DeepSpeed engine, and who sits where.
 
-The one place that tells a PipelineEngine from a plain DeepSpeedEngine (EngineLayout.is_pipeline); every
-other part of the profiler reads the layout.
+The one place that tells a PipelineEngine from a plain DeepSpeedEngine (runs_a_schedule, which EngineLayout.of
+records as is_pipeline); every other part of the profiler reads the layout.
 """
 from dataclasses import dataclass, field
 from typing import List

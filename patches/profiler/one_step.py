@@ -10,7 +10,8 @@ counts and checks its own module calls against them), then reported; every other
 timed, for the unprofiled baseline. N counts in itself where counting is "profiled" or where N-1 did not
 run here (N is the first iteration, or the run resumed at N). Our fork's train(), upstream's patched
 train_step (megatron_upstream.py) and DeepSpeed's config section on a PipelineEngine
-(flops_profiler_config.py) each own one schedule and keep no scheduling state of their own.
+(flops_profiler_config.py) each own one schedule and keep no scheduling state of their own; the section on
+a plain DeepSpeedEngine, whose step is not one call, reports through report_and_detach directly.
 """
 import os
 import statistics
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple, Ty
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from patches.profiler.context import IterationTiming, RunDescription
+from patches.profiler.context import UNDESCRIBED, IterationTiming, RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
 from patches.profiler.measurement import CountingPass, StageMeasurement, count_flops
 from patches.profiler.printer import format_report
@@ -158,6 +159,8 @@ class ProfileSchedule:
         """Run one iteration (run_step) as the schedule has it. Collective on the profiled iteration: every rank
         calls run for the same iterations."""
         role = self.role(iteration)
+        if self._counted is not None and iteration != self._counted.iteration + 1:
+            self._counted = None  # the iteration after the counting pass did not come through here
         if role == COUNT:
             result, self._counted = self._timed(iteration, lambda: count_flops(engine, iteration, run_step))
             if self.clock is not None:
@@ -185,8 +188,19 @@ class ProfileSchedule:
             timing = None
             if self.clock is not None:
                 timing = IterationTiming(profiled_s, *self.clock.unprofiled_before(iteration))
-            reports = GatheredReports(measurement, self.describe(engine), timing)
-            self.output.deliver(reports, iteration)
-        finally:
+            run = self.describe(engine)
+        except BaseException:
             measurement.detach()
+            raise
+        report_and_detach(measurement, iteration, self.output, run, timing)
         return result
+
+
+def report_and_detach(measurement: StageMeasurement, step: int, output: ReportOutput,
+                      run: RunDescription = UNDESCRIBED, timing: Optional[IterationTiming] = None) -> None:
+    """Collective: the stopped measurement's report, gathered (sources.GatheredReports) and handed to output on
+    every rank; then, whatever happened, every hook comes off the engine."""
+    try:
+        output.deliver(GatheredReports(measurement, run, timing), step)
+    finally:
+        measurement.detach()

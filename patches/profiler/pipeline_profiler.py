@@ -16,10 +16,12 @@ it (sources.GatheredReports, gather.py: the cost does not grow with data paralle
 prints and writes files. The replica's clocks are aligned to rank 0's (gather.measure_clock_offset), so
 that the stages' events share one time line: the bubble analysis and the Chrome trace (trace.py) use it.
 """
+from typing import Any, Optional
+
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.api import ProfilerAPI
-from patches.profiler.context import UNDESCRIBED, RunDescription
+from patches.profiler.context import RunDescription
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.sources import GatheredReports, ReportWriteError
 
@@ -29,8 +31,8 @@ __all__ = ["PipelineFlopsProfiler", "ReportWriteError"]
 class PipelineFlopsProfiler(ProfilerAPI):
     """DeepSpeed's FlopsProfiler API, collective: see the module docstring."""
 
-    def __init__(self, engine: DeepSpeedEngine, run: RunDescription = UNDESCRIBED):
-        """run: what the caller knows of the run (sequence length, analytic FLOPs, device peak, ...) for the
-        report's optional lines."""
+    def __init__(self, engine: DeepSpeedEngine, run: Optional[RunDescription] = None, **description: Any):
+        """run, or its fields as keywords (seq_length=..., analytic=..., peak_tflops=...): what the caller knows
+        of the run, for the report's optional lines (context.RunDescription)."""
         measurement = StageMeasurement(engine)
-        super().__init__(measurement, GatheredReports(measurement, run))
+        super().__init__(measurement, GatheredReports(measurement, run or RunDescription(**description)))

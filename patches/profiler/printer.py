@@ -119,7 +119,7 @@ def _summary(report):
     bounding = report["bounding_stage"]
     device = report["device"]
     model_flops = totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"]
-    # the rates' time: the unprofiled iterations' where the run timed them (perturbation.py)
+    # the rates' time: the unprofiled iterations' where the run timed them (report.build_report)
     time = "unprofiled iter time" if totals.get("throughput_basis") == "unprofiled" else "iter latency"
 
     def line(label, value):

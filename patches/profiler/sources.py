@@ -44,13 +44,18 @@ class ReportSource(Protocol):
     """What a profiler asks of its source (ProfilerAPI)."""
     emits_here: bool  # whether this rank prints and writes
 
-    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None: ...  # measure afresh
     def forget(self) -> None: ...  # drop the reports built so far
     def ready(self) -> Optional[dict]: ...  # the report, where it is at hand without a collective; else None
     def report(self, step: Optional[int] = None) -> dict: ...
     def trace(self, step: Optional[int] = None) -> Optional[dict]: ...  # the Chrome trace, where this rank writes
     def emit(self, text: str, output_file: Optional[str] = None) -> None: ...
     def write(self, write: Callable[[], None], path: str) -> None: ...
+
+
+class MeasuringSource(ReportSource, Protocol):
+    """A source that measures its own iteration (all but HeldReport)."""
+
+    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None: ...  # measure afresh
 
 
 class GatheredReports:
@@ -89,9 +94,13 @@ class GatheredReports:
             measurement = self.measurement
             if self._groups is None:  # collective: made here, where every rank is
                 self._groups = ReportGroups.for_layout(measurement.layout)
-            context = ReportContext.of(measurement.engine, measurement.layout, step, self.run, self.timing,
-                                       measurement.skipped_steps_before)
-            result = gather_report(measurement.layout, self._groups, measurement.entry_or_error(), context)
+            entry, context = measurement.entry_or_error(), None
+            try:  # only rank 0's is used; an error here is this rank's failure, named to every rank
+                context = ReportContext.of(measurement.engine, measurement.layout, step, self.run, self.timing,
+                                           measurement.skipped_steps_before)
+            except Exception as error:
+                entry = error
+            result = gather_report(measurement.layout, self._groups, entry, context)
             self._report, self._entries = result.report, result.replica_entries
         return self._report
 
@@ -151,11 +160,13 @@ class PublishedReports(_CallingRankOutput):
         self._step: Optional[int] = None
         self._collected = None  # (replica entries, samples, collection note, module events by rank)
         self._reports = {}
+        self._label: Optional[int] = None  # the step the report is labelled with: the last one asked for
 
     def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
         self.forget()
         self._namespace = None
         self._step = self.measurement.engine.global_steps + 1  # the iteration as Megatron's log numbers it
+        self._label = self._step
         self.measurement.start(ignore_list, after_train_batch=self._publish)
 
     def forget(self) -> None:
@@ -190,8 +201,8 @@ class PublishedReports(_CallingRankOutput):
 
     def report(self, step: Optional[int] = None) -> dict:
         """Not collective (ProfileIncomplete names what is missing). step only labels the report (DeepSpeed's
-        meaning); by default the iteration measured."""
-        step = self._step if step is None else int(step)
+        meaning), and the label sticks; at first the iteration measured."""
+        step = self._label = self._label if step is None else int(step)
         if step not in self._reports:
             entries, samples, note, _ = self._collect()
             measurement = self.measurement
@@ -247,13 +258,14 @@ class LocalReport(_CallingRankOutput):
         self.measurement = measurement
         self._reports = {}
         self._entry: Optional[dict] = None
+        self._label: Optional[int] = None  # the step the report is labelled with: the last one asked for
 
     def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
         self.forget()
         self.measurement.start(ignore_list)
 
     def forget(self) -> None:
-        self._reports, self._entry = {}, None
+        self._reports, self._entry, self._label = {}, None, None
 
     def ready(self) -> Optional[dict]:
         return self.report() if self.measurement.measured else None
@@ -262,7 +274,11 @@ class LocalReport(_CallingRankOutput):
         measurement = self.measurement
         if not measurement.measured:
             raise ProfileIncomplete("flops profiler: nothing measured on this rank: call start_profile() first")
-        step = measurement.engine.global_steps if step is None else int(step)
+        if step is not None:
+            self._label = int(step)
+        elif self._label is None:  # DeepSpeed's label: the engine's steps when the report is first asked for
+            self._label = measurement.engine.global_steps
+        step = self._label
         if step not in self._reports:
             entry = self._one_rank_entry()
             note = (f"global rank {dist.get_rank()} of {dist.get_world_size()} only: DeepSpeed's FlopsProfiler on a "
@@ -289,22 +305,21 @@ class HeldReport(_CallingRankOutput):
     """A finished report: see the module docstring."""
 
     def __init__(self, report: dict):
-        self._report = report
-
-    def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
-        raise RuntimeError("a held report is not measured again")
+        self._built = report
+        self._report = report  # as last labelled
 
     def forget(self) -> None:
-        pass
+        self._report = self._built
 
     def ready(self) -> Optional[dict]:
         return self._report
 
     def report(self, step: Optional[int] = None) -> dict:
-        """step only labels the report (DeepSpeed's meaning): another step gives a relabelled copy."""
-        if step is None or int(step) == self._report["step"]:
-            return self._report
-        return dict(self._report, step=int(step))
+        """step only labels the report (DeepSpeed's meaning), and the label sticks: another step gives a
+        relabelled copy of the built report (its ranks' entries are not here to build it again)."""
+        if step is not None and int(step) != self._report["step"]:
+            self._report = self._built if int(step) == self._built["step"] else dict(self._built, step=int(step))
+        return self._report
 
     def trace(self, step: Optional[int] = None) -> dict:
         raise ProfileIncomplete("flops profiler: the config section's profile keeps no trace on this rank; "

@@ -1,0 +1,75 @@
+"""DeepSpeed's FlopsProfiler API over a measurement and a report source (patches/profiler/api.py, sources.py), in
+one process: what the getters show, how a report is labelled, what reset_profile clears, and how the schedule
+lets go of a counting pass whose profiled iteration never came."""
+import gc
+import weakref
+
+import torch
+
+from patches import engine_registry
+from patches.profiler.api import ProfilerAPI
+from patches.profiler.context import UNDESCRIBED, RunDescription
+from patches.profiler.measurement import CountingPass, StageMeasurement
+from patches.profiler.one_step import ProfileSchedule
+from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
+from patches.profiler.report import build_report
+from patches.profiler.sources import LocalReport
+from tests.test_profiler_report import make_context, rank_entries
+
+
+def held_profiler():
+    """A profiler whose own source measured nothing, holding a built report (as after the config section)."""
+    measurement = StageMeasurement(engine=None)
+    profiler = ProfilerAPI(measurement, LocalReport(measurement))
+    report = build_report(rank_entries(), make_context())
+    profiler.hold(report)
+    return profiler, report
+
+
+def test_a_held_report_answers_the_getters_and_its_label_sticks():
+    profiler, report = held_profiler()
+    totals = report["totals"]
+    assert (profiler.flops, profiler.macs, profiler.params) == (totals["fwd_flops"], totals["fwd_flops"] // 2,
+                                                                totals["params"])
+    assert profiler.get_report() is report and report["step"] == 7
+    relabelled = profiler.get_report(profile_step=9)
+    assert relabelled["step"] == 9 and relabelled["totals"] is totals and report["step"] == 7  # a copy, not an edit
+    assert profiler.get_report()["step"] == 9  # DeepSpeed's meaning: profile_step labels the report from then on
+    assert profiler.get_report(profile_step=7) is report
+
+
+def test_reset_profile_lets_go_of_a_held_report():
+    profiler, _ = held_profiler()
+    profiler.reset_profile()
+    assert (profiler.get_total_flops(), profiler.get_total_params(), profiler.get_total_duration()) == (0, 0, 0.0)
+
+
+def test_pipeline_profiler_takes_the_run_whole_or_by_its_fields():
+    by_fields = PipelineFlopsProfiler(None, seq_length=16, peak_tflops=0.5)
+    assert by_fields._own_source.run == RunDescription(seq_length=16, peak_tflops=0.5)
+    whole = RunDescription(seq_length=8)
+    assert PipelineFlopsProfiler(None, whole)._own_source.run is whole
+    assert PipelineFlopsProfiler(None)._own_source.run == UNDESCRIBED
+
+
+def test_the_schedule_drops_a_counting_pass_whose_profiled_iteration_did_not_come():
+    schedule = ProfileSchedule(5, lambda engine: UNDESCRIBED, output=None)
+    schedule._counted = CountingPass(4, module_profiler=None)  # counted in 4; 5 went elsewhere (user code)
+    assert schedule.run(None, 6, lambda: "loss") == "loss"
+    assert schedule._counted is None
+
+
+def test_the_engine_registry_never_keeps_an_engine_alive():
+    class Engine:  # what the registry reads of a PipelineEngine: its module
+        def __init__(self):
+            self.module = torch.nn.Linear(2, 2)
+
+    engine = Engine()
+    engine_registry.register(engine)
+    ordinal, gone = engine_registry.engine_ordinal(engine), weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert gone() is None
+    later = Engine()
+    engine_registry.register(later)
+    assert engine_registry.engine_ordinal(later) == ordinal + 1  # an ordinal is never reused
