@@ -21,7 +21,7 @@ from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
-from patches.profiler.context import RunDescription
+from patches.profiler.context import RunDescription, register_run_describer
 from patches.profiler.one_step import FileOutput, ProfileSchedule, counting_announcement
 
 
@@ -136,7 +136,8 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     interval, interval_start = IntervalStats(), time.time()
     # counts, profiles and reports --profile-flops-step's iteration; times every other one
     schedule = ProfileSchedule(args.profile_flops_step, lambda _: _describe_run(args),
-                               FileOutput(args.profile_flops_output, writer), counting=args.profile_flops_counting)
+                               FileOutput(args.profile_flops_output, writer), counting=args.profile_flops_counting,
+                               last_iteration=args.train_iters)
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
     while iteration < args.train_iters and (args.train_tokens is None or
@@ -216,7 +217,8 @@ def _announce_profiling(args, engine):
 
 
 def _describe_run(args):
-    """What our arguments say of the run, for the profile report."""
+    """What our arguments say of the run, for the profile report (the flag's, the config section's, the user's
+    own FlopsProfiler code's: registered below)."""
     stage_layers = pipeline_stage_layers(args)
     return RunDescription(seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
                           peak_tflops=args.peak_tflops,
@@ -224,6 +226,18 @@ def _describe_run(args):
                           activation_checkpointing=bool(args.checkpoint_activations),
                           recompute_note=recompute_shortfall(args, stage_layers),
                           log_line_flops=upstream_flops_per_iteration(args))
+
+
+def _describe_current_run(engine):
+    """_describe_run of this run's arguments, for the reports our train() does not ask for; None before they are
+    parsed."""
+    try:
+        return _describe_run(get_args())
+    except RuntimeError:  # "megatron args are not set"
+        return None
+
+
+register_run_describer(_describe_current_run)
 
 
 def _record_loss(args, iteration, loss):

@@ -30,7 +30,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
-from patches.profiler.context import UNDESCRIBED
+from patches.profiler.context import describe_run
 from patches.profiler.measurement import ACTIVE, StageMeasurement
 from patches.profiler.one_step import ProfileSchedule, report_and_detach
 from patches.profiler.printer import format_report
@@ -167,14 +167,25 @@ _SCHEDULES = weakref.WeakKeyDictionary()
 
 def _schedule_of(engine):
     if engine not in _SCHEDULES:  # (nothing in a schedule holds the engine: the entry goes with it)
-        _SCHEDULES[engine] = ProfileSchedule(engine.flops_profiler_profile_step(), _undescribed, SectionOutput(),
-                                             timed=False)
+        _SCHEDULES[engine] = ProfileSchedule(engine.flops_profiler_profile_step(), describe_run, SectionOutput(),
+                                             shapes_change=shapes_change_of(engine))
     return _SCHEDULES[engine]
 
 
-def _undescribed(engine):
-    """DeepSpeed's config knows nothing of the run beyond the engine."""
-    return UNDESCRIBED
+def shapes_change_of(engine):
+    """Why the engine's iterations differ in shape, as its config says (None: they need not): DeepSpeed's legacy
+    curriculum learning truncates each batch to the current difficulty, its data-efficiency curriculum and
+    random-LTD change the tokens a layer sees."""
+    reasons = []
+    legacy = getattr(engine, "curriculum_enabled_legacy", None)  # the curriculum_learning section (<= 0.19.6)
+    if callable(legacy) and legacy():
+        reasons.append("curriculum learning (the DeepSpeed config's curriculum_learning section)")
+    if getattr(engine, "data_efficiency_enabled", lambda: False)():
+        if engine.curriculum_learning_enabled():
+            reasons.append("data-efficiency curriculum learning")
+        if engine.random_ltd_enabled():
+            reasons.append("random-LTD")
+    return ", ".join(reasons) or None
 
 
 def _profiling_train_batch(original_train_batch):
@@ -209,7 +220,8 @@ def _profiling_forward(original_forward):
             result = timed_step(*args, **kwargs)
             if self.global_steps != steps_before:  # the accumulation boundary closed the profiled step
                 measurement.stop()
-                report_and_detach(measurement, steps_before, SectionOutput())  # removes this wrapper with the rest
+                # (detaching removes this wrapper with the rest)
+                report_and_detach(measurement, steps_before, SectionOutput(), describe_run(self))
             return result
 
         self.step = step

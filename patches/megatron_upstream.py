@@ -13,6 +13,7 @@ in its package) is left alone.
 import copy
 import functools
 import inspect
+import json
 import os
 import sys
 from argparse import Namespace
@@ -22,8 +23,11 @@ from typing import Callable, List, Optional
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
 from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags
+from patches.profiler.module_profiler import defer_backward_work
 
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
+# Where upstream's zero-bubble schedule keeps the weight-gradient GEMMs it defers out of the backward pass.
+WEIGHT_GRAD_STORE = "megatron.core.tensor_parallel.weight_grad_store"
 STILL_WORKS = "the DeepSpeed config's flops_profiler section still profiles pipeline runs"
 
 
@@ -46,6 +50,7 @@ def install(argv: List[str]) -> None:
     after_import("megatron", _note_self_profiling)
     after_import("megatron.arguments", _patch_parse_args)
     after_import("megatron.training", _patch_train_step)
+    after_import(WEIGHT_GRAD_STORE, _patch_weight_grad_store)
 
 
 def _note_self_profiling(package: ModuleType) -> None:
@@ -118,9 +123,9 @@ def _announce(args: Namespace) -> None:
     yield_to_flag(args.profile_flops_step)
     if int(os.environ.get("RANK", "0")) == 0:
         # Upstream loads its checkpoint after parsing: where this run starts is not known yet.
+        where = counting_announcement(args.profile_flops_step, args.profile_flops_counting, None, shapes_change(args))
         print(f"> FLOPs profiler (patches): iteration {args.profile_flops_step} will be profiled on every stage"
-              f"{counting_announcement(args.profile_flops_step, args.profile_flops_counting, None)}; "
-              f"report files in {args.profile_flops_output}", flush=True)
+              f"{where}; report files in {args.profile_flops_output}", flush=True)
 
 
 # ---------------------------------------------------------------- the profiled iteration
@@ -138,6 +143,9 @@ def _patch_train_step(module: ModuleType) -> None:
         _missing("megatron.global_vars.get_args()", module)
         return
     _replace(module, "train_step", original, _profiling_train_step(original, global_vars))
+    from patches.profiler.context import register_run_describer
+
+    register_run_describer(functools.partial(_describe_current_run, global_vars))
 
 
 def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:
@@ -164,8 +172,35 @@ def _schedule_of(args: Namespace, global_vars: ModuleType):
         writer = get_writer() if callable(get_writer) else None
         _State.schedule = ProfileSchedule(args.profile_flops_step, functools.partial(_describe_run, args),
                                           FileOutput(args.profile_flops_output, writer),
-                                          counting=args.profile_flops_counting)
+                                          counting=args.profile_flops_counting, shapes_change=shapes_change(args),
+                                          last_iteration=getattr(args, "train_iters", None))
     return _State.schedule
+
+
+def shapes_change(args: Namespace) -> Optional[str]:
+    """Why upstream's iterations differ in shape, as its arguments (and DeepSpeed config) say, or None: curriculum
+    learning truncates each batch to args.curriculum_seqlen, random-LTD drops tokens in the middle layers."""
+    reasons = []
+    if getattr(args, "curriculum_learning_legacy", False) or _config_section_enabled(args, "curriculum_learning"):
+        reasons.append("curriculum learning (the DeepSpeed config's curriculum_learning section)")
+    if getattr(args, "data_efficiency_curriculum_learning", False):
+        reasons.append("data-efficiency curriculum learning")
+    if getattr(args, "random_ltd", False):
+        reasons.append("random-LTD")
+    return ", ".join(reasons) or None
+
+
+def _config_section_enabled(args: Namespace, section: str) -> bool:
+    """Whether the DeepSpeed config enables `section`: upstream reads its config only after parsing the flags
+    (into args.deepspeed_config_dict), so before that the file is read here."""
+    config = getattr(args, "deepspeed_config_dict", None)
+    if config is None and getattr(args, "deepspeed_config", None) and os.path.isfile(args.deepspeed_config):
+        try:
+            with open(args.deepspeed_config) as f:
+                config = json.load(f)
+        except ValueError:  # upstream's own reading of it says what is wrong
+            config = None
+    return bool(((config or {}).get(section) or {}).get("enabled", False))
 
 
 def _iteration_being_run(args: Namespace) -> int:
@@ -177,15 +212,60 @@ def _iteration_being_run(args: Namespace) -> int:
 
 
 def _describe_run(args: Namespace, engine):
-    """What upstream's arguments say of the run, for the report (RunDescription)."""
+    """What upstream's arguments say of the run, for the report (RunDescription): at the sequence length the
+    iteration ran (curriculum learning's, where it is on)."""
     from patches.profiler.analytic_flops import recompute_shortfall
     from patches.profiler.context import RunDescription
 
     view, stage_layers = _analytic_view(args, engine)
     analytic = upstream_analytic_flops(view, stage_layers)
-    return RunDescription(seq_length=args.seq_length, analytic=analytic,
+    log_line = copy.copy(args)  # upstream's log line reads its own flags, at the iteration's length
+    log_line.seq_length = view.seq_length
+    return RunDescription(seq_length=view.seq_length, analytic=analytic,
                           recompute_note=recompute_shortfall(view, stage_layers) if analytic else None,
-                          log_line_flops=upstream_log_line_flops(args))
+                          log_line_flops=upstream_log_line_flops(log_line))
+
+
+def _describe_current_run(global_vars: ModuleType, engine):
+    """_describe_run of upstream's parsed arguments, for the reports its train_step does not ask for (the config
+    section's, the user's own FlopsProfiler code's); None before the arguments are parsed."""
+    try:
+        args = global_vars.get_args()
+    except AssertionError:  # upstream's "args is not initialized"
+        return None
+    return _describe_run(args, engine) if isinstance(args, Namespace) else None
+
+
+def iteration_seq_length(args: Namespace) -> int:
+    """The sequence length the current iteration runs: curriculum learning's (args.curriculum_seqlen, which
+    upstream's train() sets before each train_step) where it is on, else --seq-length."""
+    curriculum = getattr(args, "curriculum_learning_legacy", False) or \
+        getattr(args, "data_efficiency_curriculum_learning", False)
+    seqlen = getattr(args, "curriculum_seqlen", None)
+    return int(seqlen) if curriculum and seqlen else args.seq_length
+
+
+# ---------------------------------------------------------------- the zero-bubble schedule
+def _patch_weight_grad_store(module: ModuleType) -> None:
+    """Upstream's WeightGradStore.put(total_input, grad_output, weight, func) keeps, in BackwardOnlyPass, the
+    weight-gradient GEMM `func` of the parallel linear whose backward runs, and WeightPass runs it later,
+    outside autograd. Handed over as that linear's deferred backward work, its FLOPs and time are the
+    linear's backward, as under 1F1B (without this, the stage's). Absent or unlike upstream's: left alone."""
+    if _State.megatron_profiles_itself:
+        return
+    store = getattr(module, "WeightGradStore", None)
+    put = inspect.getattr_static(store, "put", None) if store is not None else None
+    if not isinstance(put, classmethod):
+        return
+    original = put.__func__
+
+    @functools.wraps(original)
+    def deferring_put(cls, *args, **kwargs):
+        if args and callable(args[-1]):  # put(total_input, grad_output, weight, func)
+            args = args[:-1] + (defer_backward_work(args[-1]),)
+        return original(cls, *args, **kwargs)
+
+    store.put = classmethod(deferring_put)
 
 
 def upstream_log_line_flops(args: Namespace) -> Optional[float]:
@@ -222,6 +302,7 @@ def _analytic_view(args: Namespace, engine):
     --recompute-num-layers under --recompute-granularity full --recompute-method uniform), by DeepSpeed's
     chunk rule; a plain engine (--no-pipeline-parallel) checkpoints inside its own transformer."""
     view = copy.copy(args)
+    view.seq_length = iteration_seq_length(args)
     view.num_micro_batches = engine.gradient_accumulation_steps()
     stage_layers = pipeline_stage_layers_of(engine.module)
     if stage_layers is not None:

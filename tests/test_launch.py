@@ -211,3 +211,23 @@ def test_a_section_key_the_patched_engine_refuses_is_one_line_and_exit_2(tmp_pat
     assert errors == ["error: flops_profiler.recompute_fwd_factor 1 is not used: recompute FLOPs are measured "
                       "(recompute_flops in the report); remove the key or set it to 0"], process.stderr[-2000:]
     assert "Traceback" not in process.stderr
+
+
+def test_upstream_runs_whose_shapes_change_are_known_before_they_start(tmp_path):
+    """Curriculum learning (the DeepSpeed config's section, read from the file before upstream reads it itself),
+    data-efficiency curriculum and random-LTD change the shapes between iterations: the schedule counts in the
+    profiled iteration; the report's sequence length is the one the iteration ran."""
+    from argparse import Namespace
+
+    from patches.megatron_upstream import iteration_seq_length, shapes_change
+
+    config = tmp_path / "ds.json"
+    config.write_text('{"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"}}')
+    assert shapes_change(Namespace(deepspeed_config=str(config))) == \
+        "curriculum learning (the DeepSpeed config's curriculum_learning section)"
+    assert shapes_change(Namespace(curriculum_learning_legacy=True, random_ltd=True)) == \
+        "curriculum learning (the DeepSpeed config's curriculum_learning section), random-LTD"
+    assert shapes_change(Namespace(data_efficiency_curriculum_learning=True)) == "data-efficiency curriculum learning"
+    assert shapes_change(Namespace(deepspeed_config=None)) is None
+    assert iteration_seq_length(Namespace(seq_length=64, curriculum_learning_legacy=True, curriculum_seqlen=40)) == 40
+    assert iteration_seq_length(Namespace(seq_length=64, curriculum_learning_legacy=False, curriculum_seqlen=40)) == 64

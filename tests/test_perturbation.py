@@ -116,8 +116,9 @@ def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
     validate_report(report)
 
 
-def schedule(profile_step, counting="previous", timed=True):
-    return ProfileSchedule(profile_step, lambda engine: UNDESCRIBED, output=None, counting=counting, timed=timed)
+def schedule(profile_step, counting="previous", shapes_change=None):
+    return ProfileSchedule(profile_step, lambda engine: UNDESCRIBED, output=None, counting=counting,
+                           shapes_change=shapes_change)
 
 
 def test_the_schedule_counts_in_the_iteration_before_profiles_one_and_times_the_rest():
@@ -131,11 +132,23 @@ def test_the_schedule_counts_in_the_iteration_before_profiles_one_and_times_the_
         schedule(5, "before")
 
 
+def test_a_run_whose_shapes_change_counts_in_the_profiled_iteration_and_says_why():
+    """Curriculum learning grows the sequence between iterations: N-1's FLOPs are not N's, so N counts itself."""
+    changing = schedule(5, shapes_change="curriculum learning")
+    assert [changing.role(i) for i in (4, 5)] == [TIME, PROFILE]
+    assert changing.counting_note == "the run changes its shapes between iterations: curriculum learning"
+    assert schedule(5, "profiled", shapes_change="curriculum learning").counting_note is None  # as asked: no why
+    assert counting_announcement(5, "previous", 0, "curriculum learning") == (
+        ", its FLOPs counted in it (the run changes its shapes between iterations: curriculum learning)")
+    counted_itself = build_report(rank_entries(), make_context())["flops_counting"]["note"]
+    noted = build_report(rank_entries(), make_context(counting_note=changing.counting_note))["flops_counting"]["note"]
+    assert noted == counted_itself + " (the run changes its shapes between iterations: curriculum learning)"
+
+
 def test_the_schedule_times_each_unprofiled_iteration_on_its_clock():
-    timed, untimed = schedule(5), schedule(5, timed=False)
+    timed = schedule(5)
     assert [timed.run(None, i, lambda i=i: i * 10) for i in (1, 2, 3)] == [10, 20, 30]  # their results, as run
     assert sorted(timed.clock.seconds) == [1, 2, 3] and timed.clock.first == 1
-    assert untimed.run(None, 1, lambda: "loss") == "loss" and untimed.clock is None
 
 
 def test_the_counting_iteration_is_never_a_baseline():

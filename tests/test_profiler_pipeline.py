@@ -221,3 +221,30 @@ def test_config_section_on_a_plain_deepspeed_engine(tmp_path):
     fwd = 2 * (2 * 2 * 32 * 128) * 2
     assert re.search(r"fwd flops of model:\s+" + re.escape(number_to_string(fwd)) + r"\s*$", text, re.M), text
     assert re.search(r"ForwardPass\s+2\s", text) and re.search(r"BackwardPass\s+2\s", text)
+
+
+def test_shapes_that_change_unforeseen_are_counted_in_the_iteration_reported(tmp_path):
+    """Batches that grow by 2 tokens an iteration, nothing in the config saying so: the section counts in batch
+    1, batch 2 turns out to run other shapes, so no figure of batch 1 is printed for it; batch 3 is profiled
+    instead, counting in itself, and its FLOPs are exact for its 10 tokens."""
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+              "flops_profiler": {"enabled": True, "profile_step": 2, "detailed": False}}
+    config_path = tmp_path / "ds_config.json"
+    config_path.write_text(json.dumps(config))
+    process = launch(REPO / "tests" / "scripts" / "growing_sequence.py", 2, [tmp_path, config_path], cwd=tmp_path)
+    assert process.returncode == 0, explain(process)
+    output = process.stdout + process.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    report, seq = result["report"], result["seq_lengths"][3]
+    assert output.count(HEADER) == 1 and "Profile Summary at step 3:" in output
+    assert "> FLOPs profiler (patches): iteration 2 ran other module calls or input shapes than iteration 1, where " \
+           "its FLOPs were counted (" in output and "profiling iteration 3 instead, its FLOPs counted in it" in output
+    counting = report["flops_counting"]
+    assert (report["step"], counting["counted_iteration"], counting["calls_differ"]) == (3, 3, [])
+    assert counting["note"].startswith("counted in iteration 3 itself, by a dispatch mode on its timed path "
+                                       "(iteration 2 ran other module calls or input shapes than iteration 1")
+    gemm = 2 * 2 * seq * 16 * 16  # one Linear(16, 16) over one micro-batch of 2 sequences
+    # 4 micro-batches; forward 2 linears; backward their weight gradients and the second's input gradient
+    assert (report["totals"]["fwd_flops"], report["totals"]["bwd_flops"]) == (4 * 2 * gemm, 4 * 3 * gemm)
+    # iteration 1 counted and iteration 2 was profiled: neither is an unprofiled baseline
+    assert report["perturbation"]["unprofiled_iterations"] == [0]

@@ -16,6 +16,7 @@ On pp 2 and tp 2 x pp 2 with activation checkpointing, over gloo with the deepsp
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,9 @@ from tests.helpers.launch import REPO, explain, launch, read_losses
 
 UPSTREAM = os.environ.get("MEGATRON_DEEPSPEED_DIR")
 UPSTREAM_PYTHON = os.environ.get("MEGATRON_DEEPSPEED_PYTHON", sys.executable)
+# Upstream's zero-bubble schedule calls PipelineEngine.mem_status, which DeepSpeed removed after 0.16: its test
+# runs under this interpreter, an environment with DeepSpeed 0.16 and this project installed (skipped without).
+UPSTREAM_PYTHON_016 = os.environ.get("MEGATRON_DEEPSPEED_PYTHON_016")
 SHIM = REPO / "tests" / "upstream_shim"
 
 pytestmark = [
@@ -67,17 +71,24 @@ def workdir(tmp_path_factory):
     return root, data_prefix
 
 
-def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.json"):
-    """Upstream's pretrain_gpt.py from its tree under the deepspeed launcher; returns (process, losses)."""
+def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.json", python=None,
+                 count_flops_of=None):
+    """Upstream's pretrain_gpt.py from its tree under the deepspeed launcher; returns (process, losses).
+    python: the interpreter of the environment to run in (default MEGATRON_DEEPSPEED_PYTHON). count_flops_of:
+    an iteration torch's FlopCounterMode counts on every rank (the shim), read back by torch_flops(name)."""
     root, data_prefix = workdir
     record = root / f"{name}_losses.jsonl"
     args = model_flags(pp, tp, data_prefix, root / config) + list(extra)
-    launcher = [str(Path(UPSTREAM_PYTHON).parent / "deepspeed")]
+    python = python or UPSTREAM_PYTHON
+    launcher = [str(Path(python).parent / "deepspeed")]
     script = ["--module", "patches.launch", "pretrain_gpt.py"] if via_module else ["pretrain_gpt.py"]
     env = {"PYTHONPATH": str(SHIM), "UPSTREAM_LOSS_RECORD": str(record),
            # DeepSpeed JIT-builds its CPU comm op per version: this interpreter's DeepSpeed gets its own cache.
            "TORCH_EXTENSIONS_DIR": str(Path(tempfile.gettempdir()) / (
-               "torch_extensions_" + hashlib.sha1(UPSTREAM_PYTHON.encode()).hexdigest()[:10]))}
+               "torch_extensions_" + hashlib.sha1(python.encode()).hexdigest()[:10]))}
+    if count_flops_of is not None:
+        env.update(UPSTREAM_FLOP_COUNT_RECORD=str(root / f"{name}_torch_flops"),
+                   UPSTREAM_FLOP_COUNT_ITERATION=str(count_flops_of))
     process = launch(script[-1], pp * tp, args, cwd=UPSTREAM, timeout=600, env=env,
                      launcher=launcher, launcher_args=script[:-1])
     return process, read_losses(record)
@@ -100,12 +111,18 @@ def padded_vocab(tp):
     return -(-size // multiple) * multiple
 
 
-def hand_count(tp):
-    """Whole-model params and FLOPs of one iteration (4 micro-batches of 1 sequence), 2 FLOPs a multiply-add."""
-    h, s, vocab, batch = HIDDEN, SEQ, padded_vocab(tp), GLOBAL_BATCH
+def torch_flops(workdir, name, ranks):
+    """What torch's FlopCounterMode counted in run_upstream(name, count_flops_of=...), summed over its ranks."""
+    return sum(int((workdir[0] / f"{name}_torch_flops.rank{rank}").read_text()) for rank in range(ranks))
+
+
+def hand_count(tp, s=SEQ):
+    """Whole-model params and FLOPs of one iteration (4 micro-batches of 1 sequence of s tokens), 2 FLOPs a
+    multiply-add."""
+    h, vocab, batch = HIDDEN, padded_vocab(tp), GLOBAL_BATCH
     layer_fwd = batch * s * 24 * h * h + batch * 4 * s * s * h  # QKV, projection, MLP; the two attention GEMMs
     fwd = LAYERS * layer_fwd + 2 * batch * s * h * vocab  # + the tied LM head
-    params = vocab * h + s * h + LAYERS * (12 * h * h + 13 * h) + 2 * h  # tied embedding once, final LayerNorm
+    params = vocab * h + SEQ * h + LAYERS * (12 * h * h + 13 * h) + 2 * h  # tied embedding once, final LayerNorm
     return {"params": params, "fwd_flops": fwd, "bwd_flops": 2 * fwd, "recompute_flops": LAYERS * layer_fwd}
 
 
@@ -179,6 +196,85 @@ def test_llama_shaped_upstream_is_profiled_exactly(workdir):
     fork = report_totals(run_fork(workdir, "llama", 2, 2, extra=LLAMA_FLAGS))
     assert {key: fork[key] for key in ("params", "fwd_flops", "recompute_flops")} == {
         key: expected[key] for key in ("params", "fwd_flops", "recompute_flops")}
+
+
+# The DeepSpeed config's legacy curriculum (upstream's examples_deepspeed/curriculum_learning): the sequence
+# grows from 8 tokens by 8 every 2 iterations (fixed_linear over 6 steps) up to SEQ.
+CURRICULUM = {"curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
+                                      "max_difficulty": SEQ, "schedule_type": "fixed_linear",
+                                      "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}}
+
+
+def test_a_curriculum_run_is_reported_at_the_length_it_ran(workdir):
+    """Each iteration runs another length: the profiled iteration counts its own FLOPs (the start-up line and
+    the report say why), exactly torch's count of it in a plain launch and the hand count at its length, and
+    the report's seq length is upstream's own curriculum seqlen of that iteration."""
+    root = workdir[0]
+    plain_config = json.loads((root / "ds_plain.json").read_text())
+    (root / "ds_curriculum.json").write_text(json.dumps(dict(plain_config, **CURRICULUM)))
+    plain, plain_losses = run_upstream(workdir, "curriculum_plain", 2, 1, via_module=False,
+                                       config="ds_curriculum.json", count_flops_of=PROFILE_STEP)
+    assert plain.returncode == 0, explain(plain)
+    lengths = {int(i): int(n) for i, n in re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*?curriculum seqlen:\s+(\d+)",
+                                                      plain.stdout)}
+    seq = lengths[PROFILE_STEP]
+    assert seq != lengths[PROFILE_STEP - 1] and seq < SEQ, lengths  # the iteration before ran another length
+    out = root / "curriculum_profile"
+    profiled, profiled_losses = run_upstream(
+        workdir, "curriculum_profiled", 2, 1, via_module=True, config="ds_curriculum.json",
+        extra=["--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out])
+    assert profiled.returncode == 0, explain(profiled)
+    assert profiled_losses == plain_losses and sorted(plain_losses) == [1, 2, 3]
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    totals = report["totals"]
+    assert totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"] == \
+        torch_flops(workdir, "curriculum_plain", 2)
+    assert report_totals(report) == hand_count(1, s=seq)
+    assert report["parallelism"]["seq_length"] == seq
+    assert report["flops_counting"]["counted_iteration"] == PROFILE_STEP
+    assert "(the run changes its shapes between iterations: curriculum learning" in report["flops_counting"]["note"]
+    assert f"iteration {PROFILE_STEP} will be profiled on every stage, its FLOPs counted in it (the run changes " \
+           "its shapes between iterations: curriculum learning" in profiled.stdout
+
+
+@pytest.mark.skipif(not UPSTREAM_PYTHON_016, reason="MEGATRON_DEEPSPEED_PYTHON_016 is not set: no DeepSpeed 0.16 "
+                                                    "environment for upstream's zero-bubble schedule")
+def test_the_zero_bubble_schedule_is_reported_as_it_ran(workdir):
+    """--enable-zbh1-pipeline: the weight gradients deferred to WeightPass are backward FLOPs of their linears,
+    so fwd, bwd and recompute equal the 1F1B run's, their sum torch's count of the zero-bubble iteration; bwd
+    latency counts BackwardOnlyPass and WeightPass; the bubble's ideal is ZB-H1's."""
+    zero_bubble = ["--enable-zbh1-pipeline"]
+    plain, plain_losses = run_upstream(workdir, "zbh1_plain", 2, 1, via_module=False, extra=zero_bubble,
+                                       python=UPSTREAM_PYTHON_016, count_flops_of=PROFILE_STEP)
+    assert plain.returncode == 0, explain(plain)
+    reports = {}
+    for name, extra in (("zbh1", zero_bubble), ("1f1b", [])):
+        out = workdir[0] / f"{name}_profile"
+        profiled, losses = run_upstream(workdir, f"{name}_profiled", 2, 1, via_module=True, python=UPSTREAM_PYTHON_016,
+                                        extra=extra + ["--profile-flops-step", PROFILE_STEP, "--profile-flops-output",
+                                                       out])
+        assert profiled.returncode == 0, explain(profiled)
+        if name == "zbh1":
+            assert losses == plain_losses and sorted(losses) == [1, 2, 3]
+        reports[name] = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    zbh1, one_f_one_b = reports["zbh1"], reports["1f1b"]
+    assert report_totals(zbh1) == report_totals(one_f_one_b) == hand_count(1)
+    totals = zbh1["totals"]
+    assert totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"] == \
+        torch_flops(workdir, "zbh1_plain", 2)
+    bubble = zbh1["bubble"]
+    assert (bubble["schedule"], bubble["ideal_name"]) == ("ZeroBubbleH1Pipeline", "ZB-H1")
+    micro_batches = zbh1["parallelism"]["micro_batches"]
+    assert bubble["ideal_fraction"] == 1 / (3 * micro_batches + 1)  # pp 2
+    for stage in zbh1["stages"]:
+        instructions = stage["instructions"]
+        assert stage["bwd_latency_s"] == sum(instructions[name]["total_s"] for name in
+                                             ("BackwardPass", "BackwardOnlyPass", "WeightPass") if name in instructions)
+        # ZB-H1 splits some backwards (none on stage 0): their weight gradients wait for a WeightPass each
+        split = instructions.get("BackwardOnlyPass", {}).get("count", 0)
+        assert split == instructions.get("WeightPass", {}).get("count", 0)
+        assert instructions.get("BackwardPass", {}).get("count", 0) + split == micro_batches
+    assert any("WeightPass" in stage["instructions"] for stage in zbh1["stages"])
 
 
 def test_the_config_section_alone_reports_once_on_upstream(workdir):

@@ -129,4 +129,7 @@ def test_the_users_train_loop_code_on_our_gpt_at_tp2_pp2(tmp_path):
     report = json.loads(report_path.read_text())
     check_totals(report, layers=4, sequences=8, checkpointing=True)
     assert [(s["stage_id"], s["global_ranks"]) for s in report["stages"]] == [(0, [0, 1]), (1, [2, 3])]
+    # what the run's Megatron arguments say, although the user's code told the profiler none of it
+    assert report["parallelism"]["seq_length"] == 16 and report["totals"]["analytic"] is not None
+    assert report["totals"]["measured_over_analytic"] is not None
     assert "iteration        3/" in output  # training went on after the profiled iteration

@@ -25,7 +25,8 @@ PARTS = (("forward", "#4c72b0"), ("backward", "#dd8452"), ("recompute", "#c44e52
          ("communication + wait", "#8c8c8c"), ("optimizer step", "#8172b3"), ("other", "#ccb974"))
 COLOURS = dict(PARTS)
 # Gantt colour of each schedule instruction, by the part of the time it belongs to.
-INSTRUCTION_PART = {"ForwardPass": "forward", "BackwardPass": "backward", "SendActivation": "communication + wait",
+INSTRUCTION_PART = {"ForwardPass": "forward", "BackwardPass": "backward", "BackwardOnlyPass": "backward",
+                    "WeightPass": "backward", "SendActivation": "communication + wait",
                     "RecvActivation": "communication + wait", "SendGrad": "communication + wait",
                     "RecvGrad": "communication + wait", "ReduceGrads": "communication + wait",
                     "ReduceTiedGrads": "communication + wait", "OptimizerStep": "optimizer step",
@@ -78,8 +79,9 @@ def _plot_bars(ax, report):
     ax.set_ylabel("time in the profiled iteration (ms)")
     ax.set_ylim(0, max(bottoms + [report["totals"]["iter_latency_s"] * 1e3]) * 1.2)
     title = "Where each stage's time goes"
-    if report.get("bubble"):
-        title += f" (ideal 1F1B idle {100 * report['bubble']['ideal_fraction']:.1f}%)"
+    bubble = report.get("bubble")
+    if bubble and bubble.get("ideal_fraction") is not None:
+        title += f" (ideal {bubble.get('ideal_name') or '1F1B'} idle {100 * bubble['ideal_fraction']:.1f}%)"
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 

@@ -8,7 +8,7 @@
   report.build_report reads besides the ranks' entries.
 """
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from patches.profiler.peaks import peak_tflops_for
 
@@ -31,15 +31,37 @@ class RunDescription:
     log_line_flops: Optional[float] = None  # the training log line's FLOPs of one iteration (its formula)
 
 
-UNDESCRIBED = RunDescription()  # a run nothing is known of beyond its engine (user code, the config section)
+UNDESCRIBED = RunDescription()  # a run nothing is known of beyond its engine (a plain DeepSpeed script)
+
+# What the Megatron of this process knows of its run, for the reports its training loop does not ask for (the
+# config section's, the user's own FlopsProfiler code's): each describer returns a RunDescription, or None
+# where it knows nothing (no Megatron arguments parsed yet). Registered by the Megatron patches and our fork.
+_DESCRIBERS: List[Callable[["DeepSpeedEngine"], Optional[RunDescription]]] = []
+
+
+def register_run_describer(describe: Callable[["DeepSpeedEngine"], Optional[RunDescription]]) -> None:
+    if describe not in _DESCRIBERS:
+        _DESCRIBERS.append(describe)
+
+
+def describe_run(engine: "DeepSpeedEngine") -> RunDescription:
+    """What a registered describer says of the run `engine` trains, else UNDESCRIBED."""
+    for describe in _DESCRIBERS:
+        description = describe(engine)
+        if description is not None:
+            return description
+    return UNDESCRIBED
 
 
 @dataclass(frozen=True)
 class IterationTiming:
-    """The profiled iteration against unprofiled ones of the same run, on one clock."""
+    """The profiled iteration, and the one that counted its FLOPs, against unprofiled ones of the same run, on one
+    clock."""
     profiled_iter_s: float
     unprofiled_iter_s: Optional[float]  # None: no unprofiled iteration ran before the profiled one
     unprofiled_iterations: List[int] = field(default_factory=list)
+    counting_iteration: Optional[int] = None  # the iteration before, where the FLOPs were counted (None: in it)
+    counting_iter_s: Optional[float] = None
     clock: str = CLOCK
 
 
@@ -63,12 +85,13 @@ class ReportContext:
     optimizer_step_skipped: bool = False
     collection_note: Optional[str] = None  # how the measurements reached the report, where not gathered
     clock_note: Optional[str] = None  # how the ranks' clocks were put on one time line, where no pings ran
+    counting_note: Optional[str] = None  # why the FLOPs were counted in the profiled iteration, not the one before
 
     @classmethod
     def of(cls, engine: "DeepSpeedEngine", layout: "EngineLayout", step: int, run: RunDescription = UNDESCRIBED,
            timing: Optional[IterationTiming] = None, skipped_steps_before: int = 0,
            collection_note: Optional[str] = None, clock_note: Optional[str] = None,
-           micro_batches: Optional[int] = None) -> "ReportContext":
+           micro_batches: Optional[int] = None, counting_note: Optional[str] = None) -> "ReportContext":
         """micro_batches: those that ran, where the caller counted them (None: the engine's setting)."""
         import torch
         from deepspeed.accelerator import get_accelerator
@@ -88,4 +111,5 @@ class ReportContext:
         return cls(int(step), layout.world_size, layout.pp, layout.tp, layout.dp,
                    configured if micro_batches is None else micro_batches,
                    engine.train_micro_batch_size_per_gpu(), checkpointing, device_name, dtype, peak, run, timing,
-                   getattr(engine, "skipped_steps", 0) > skipped_steps_before, collection_note, clock_note)
+                   getattr(engine, "skipped_steps", 0) > skipped_steps_before, collection_note, clock_note,
+                   counting_note)

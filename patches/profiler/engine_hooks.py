@@ -15,14 +15,17 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import deepspeed.runtime.pipe.schedule as ds_schedule
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.profiler.instructions import BACKWARD_OUTSIDE_AUTOGRAD
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleProfiler
 
 # A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the
 # pipeline instructions they correspond to.
 PLAIN_ENGINE_INSTRUCTIONS = {"forward": "ForwardPass", "backward": "BackwardPass", "step": "OptimizerStep"}
+
 
 # (instruction name, its keyword arguments, start, end): one schedule instruction as it ran.
 InstructionEvent = Tuple[str, Dict[str, Any], float, float]
@@ -101,6 +104,9 @@ class EngineHooks:
         self._train_batch_s = 0.0
         self._window: Optional[List[float]] = None  # [start, end] of the profiled work
         self._undo: List[Callable[[], None]] = []
+        # the class PipelineEngine.train_batch builds its schedule from (a Megatron may replace DeepSpeed's
+        # TrainSchedule, as upstream's zero-bubble option does); None on a plain engine
+        self.schedule: Optional[str] = None
 
     def install(self) -> None:
         engine = self.engine
@@ -112,8 +118,10 @@ class EngineHooks:
         if self.layout.is_pipeline:
             self._credit_tied_forward_fns()
             self._shadow("_INSTRUCTION_MAP", {
-                instruction: self.instructions.timed(instruction.__name__, method)
+                instruction: self.instructions.timed(instruction.__name__, self._as_backward(method)
+                                                     if instruction.__name__ in BACKWARD_OUTSIDE_AUTOGRAD else method)
                 for instruction, method in type(engine)._INSTRUCTION_MAP.items()})
+            self.schedule = getattr(ds_schedule.TrainSchedule, "__name__", None)
             self._shadow("train_batch", self._timed_train_batch)
         else:
             for method, instruction in PLAIN_ENGINE_INSTRUCTIONS.items():
@@ -152,6 +160,13 @@ class EngineHooks:
             self._train_batch_s += synchronized_clock(self.synchronize) - start
             if self.after_train_batch is not None:
                 self.after_train_batch()
+
+    def _as_backward(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """An instruction whose work is backward work run outside autograd (BACKWARD_OUTSIDE_AUTOGRAD)."""
+        def run(engine, *args, **kwargs):
+            with self.module_profiler.backward_outside_autograd():
+                return method(engine, *args, **kwargs)
+        return run
 
     def _credit_tied_forward_fns(self) -> None:
         module = self.engine.module

@@ -25,6 +25,7 @@ class RankEntry:
     uncounted_ops: list = field(default_factory=list)  # ModuleProfiler.uncounted_ops() as dicts
     counted_iteration: Optional[int] = None  # where the FLOPs were counted when not in the profiled iteration
     calls_differ: list = field(default_factory=list)  # ModuleProfiler.adopt_counts(): calls unlike the counted ones
+    schedule: Optional[str] = None  # the pipeline schedule's class (EngineHooks.schedule); None on a plain engine
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
 
@@ -35,14 +36,15 @@ class RankEntry:
 def build_rank_entry(layout: EngineLayout, module: torch.nn.Module, module_profiler: ModuleProfiler,
                      instructions: InstructionTimer, train_batch_s: float,
                      peak_memory_bytes: Optional[int], counted_iteration: Optional[int] = None,
-                     calls_differ: Optional[List[str]] = None) -> RankEntry:
+                     calls_differ: Optional[List[str]] = None, schedule: Optional[str] = None) -> RankEntry:
     """This rank's measurements, from its stopped module profiler and instruction timer."""
     tree = module_profiler.tree()
     _annotate_replicated_params(module, tree)
     events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in instructions.events]
     uncounted = [asdict(op) for op in module_profiler.uncounted_ops()]
     return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree, instructions.as_dict(),
-                     train_batch_s, peak_memory_bytes, events, uncounted, counted_iteration, list(calls_differ or []))
+                     train_batch_s, peak_memory_bytes, events, uncounted, counted_iteration, list(calls_differ or []),
+                     schedule)
 
 
 def _annotate_replicated_params(module, node):

@@ -193,12 +193,82 @@ def _register_fast_path_formulas():
 _register_fast_path_formulas()
 
 
+# ---------------------------------------------------------------- flash-attn's custom ops
+# flash-attn 2.6 and later reach torch as custom ops (torch.library.custom_op) named flash_attn::... (2.6) or
+# flashattn::... (later releases), which exist only once flash_attn is imported and which torch's registry
+# does not know. Their formulas are looked up by name (custom_op_formula), so nothing is registered with
+# torch for them. Conventions as torch's SDPA formulas: dense (no causal or sliding-window discount), every
+# query head over its key/value head (grouped-query attention), the forward 2 GEMMs (Q K^T, P V), the
+# backward the 5 GEMMs of a flash backward (flash_attention_backward_flops, as torch's sdpa_backward_flop_count).
+# Shapes are those the kernel receives (flash-attn pads head_dim to a multiple of 8 before calling it).
+FLASH_ATTN_NAMESPACES = frozenset(("flash_attn", "flashattn"))
+
+
+def _flash_layout(q_shape, k_shape, v_shape):
+    """flash-attn's (batch, seq, heads, head_dim) as torch SDPA's (batch, heads, seq, head_dim)."""
+    return ((q_shape[0], q_shape[2], q_shape[1], q_shape[3]), (k_shape[0], k_shape[2], k_shape[1], k_shape[3]),
+            (v_shape[0], v_shape[2], v_shape[1], v_shape[3]))
+
+
+def flash_attn_forward_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val: Any = None,
+                             **kwargs: Any) -> int:
+    """_flash_attn_forward(q, k, v, ...): q (batch, seq_q, heads, head_dim), k and v (batch, seq_k, kv heads, .)."""
+    return attention_forward_flops(*_flash_layout(q.shape, k.shape, v.shape))
+
+
+def flash_attn_backward_flops(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
+                              out_val: Any = None, **kwargs: Any) -> int:
+    """_flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, ...)."""
+    return flash_attention_backward_flops(*_flash_layout(q.shape, k.shape, v.shape))
+
+
+def _varlen_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, per_pair):
+    """Sum over the packed sequences (lengths from the cumulative offsets) of per_pair(one sequence's shapes)."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads, v_dim = k.shape[1], v.shape[2]
+    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+    return sum(per_pair((1, heads, q_len, head_dim), (1, kv_heads, k_len, head_dim), (1, kv_heads, k_len, v_dim))
+               for q_len, k_len in zip(lengths_q, lengths_k))
+
+
+def flash_attn_varlen_forward_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                    cu_seqlens_k: torch.Tensor, *args: Any, out_val: Any = None,
+                                    **kwargs: Any) -> int:
+    """_flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, ...): q (total_q, heads, head_dim)."""
+    return _varlen_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, attention_forward_flops)
+
+
+def flash_attn_varlen_backward_flops(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                     out: torch.Tensor, softmax_lse: torch.Tensor, dq: Any, dk: Any, dv: Any,
+                                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *args: Any,
+                                     out_val: Any = None, **kwargs: Any) -> int:
+    """_flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, ...)."""
+    return _varlen_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, flash_attention_backward_flops)
+
+
+_CUSTOM_OP_FORMULAS = {
+    "_flash_attn_forward": flash_attn_forward_flops,
+    "_flash_attn_backward": flash_attn_backward_flops,
+    "_flash_attn_varlen_forward": flash_attn_varlen_forward_flops,
+    "_flash_attn_varlen_backward": flash_attn_varlen_backward_flops,
+}
+
+
+def custom_op_formula(func: Any) -> Optional[Callable[..., int]]:
+    """The formula of a custom op known by name (flash-attn's), called on the op's own arguments; else None."""
+    if getattr(func, "namespace", None) not in FLASH_ATTN_NAMESPACES:
+        return None
+    return _CUSTOM_OP_FORMULAS.get(func._overloadpacket.__name__)
+
+
 # Name tokens of aten ops that do matrix-class work (GEMM, convolution, attention, recurrent cells, dense
 # linear algebra and distance matrices; not norms such as linalg_vector_norm). An op with one of them and
 # no formula is reported as uncounted, never silently 0.
 _MATRIX_TOKENS = frozenset((
     "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "addr", "linear",
-    "einsum", "tensordot", "gemm", "gemv", "attention", "transformer", "lstm", "gru", "rnn", "convolution",
+    "einsum", "tensordot", "gemm", "gemv", "attention", "attn", "transformer", "lstm", "gru", "rnn",
+    "convolution",
     # linear algebra: the ops torch.linalg and its older torch.* spellings reach the dispatcher as
     # (_linalg_solve_ex, linalg_lu_solve, linalg_solve_triangular, triangular_solve, cholesky_solve,
     # linalg_cholesky_ex, cholesky, cholesky_inverse, linalg_qr, geqrf, ormqr, linalg_householder_product,

@@ -128,7 +128,7 @@ class StageMeasurement:
             peak = int(self.accelerator.max_memory_allocated())
         counted = self.counted.iteration if self.counted is not None else None
         return build_rank_entry(self.layout, self.engine.module, self.module_profiler, self.hooks.instructions,
-                                self.hooks.train_batch_s(), peak, counted, self.calls_differ)
+                                self.hooks.train_batch_s(), peak, counted, self.calls_differ, self.hooks.schedule)
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""

@@ -41,10 +41,12 @@ How it measures
   interval (one tuple appended when the stretch ends, from the clock reads above). Stretches come from
   one stack, so they nest; a backward stretch encloses a recompute running inside it.
 """
+import contextlib
 import functools
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils import flop_counter
@@ -53,11 +55,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from patches.profiler.flop_formulas import (
     MATRIX,
     any_nested,
+    custom_op_formula,
     gemm_backward_product_flops,
     is_matrix_class,
     module_flops_for,
 )
-from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, PHASES, RECOMPUTE, current_phase, module_call_phase
+from patches.profiler.phases import (
+    BACKWARD,
+    FORWARD,
+    PHASE_PREFIXES,
+    PHASES,
+    RECOMPUTE,
+    current_phase,
+    module_call_phase,
+)
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
 ModuleEvent = Tuple[str, str, int, str, float, float]
@@ -178,6 +189,8 @@ class _FormulaCache(dict):
             formula = _ShapeFormula(formula)
         if func is torch.ops.aten.mul.Tensor:  # the outer products of mv's and dot's backward
             formula = gemm_backward_product_flops
+        if formula is None:
+            formula = custom_op_formula(func)
         if formula is None and _has_composite_kernel(func):
             formula = DECOMPOSE
         elif formula is None and packet is not None and is_matrix_class(packet.__name__):
@@ -256,6 +269,37 @@ class _ScopedCall:
         finally:
             profiler._exit(call, output)
         return output
+
+
+class _DeferredBackward:
+    """fn run as backward work of `node`, outside autograd (ModuleProfiler.deferred_backward); inside a graph
+    task (run at once, within the backward it came from) it runs as it is."""
+    __slots__ = ("profiler", "node", "fn")
+
+    def __init__(self, profiler, node, fn):
+        self.profiler, self.node, self.fn = profiler, node, fn
+
+    def __call__(self, *args, **kwargs):
+        profiler = self.profiler
+        if not profiler._counting or _graph_task_id() != -1:
+            return self.fn(*args, **kwargs)
+        entry = profiler._push(self.node, BACKWARD, profiler._now())
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            profiler._pop(entry, profiler._now())
+
+
+# The ModuleProfilers measuring now (started, not stopped): where deferred backward work is handed over.
+_MEASURING = weakref.WeakSet()
+
+
+def defer_backward_work(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn as each measuring profiler's deferred_backward has it: for a schedule's store of deferred
+    weight-gradient work (patches.megatron_upstream wraps upstream's WeightGradStore.put with it)."""
+    for profiler in list(_MEASURING):
+        fn = profiler.deferred_backward(fn)
+    return fn
 
 
 def _tensors(value, found):
@@ -360,6 +404,7 @@ class ModuleProfiler:
         self._watched_tasks = set()
         self._events = []  # (node, phase, start, end): one per stretch of activity
         self._counting = False
+        self._outside_autograd_backward = False  # in backward work a schedule runs outside autograd
         self._stack = []
         self._clear_stack()
 
@@ -377,12 +422,14 @@ class ModuleProfiler:
         if self._mode is not None:
             self._mode.__enter__()
         self._counting = True
+        _MEASURING.add(self)
 
     def stop(self) -> None:
         """Stop counting; counts stay readable. Hooks stay installed but do nothing until start()."""
         if not self._counting:
             return
         self._counting = False
+        _MEASURING.discard(self)
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
         self._clear_stack()
@@ -443,6 +490,31 @@ class ModuleProfiler:
         self._uncounted = dict(counter._uncounted)
         return differ
 
+    @contextlib.contextmanager
+    def backward_outside_autograd(self) -> Iterator[None]:
+        """Backward work a pipeline schedule runs outside autograd (a zero-bubble schedule's WeightPass: the
+        weight-gradient GEMMs deferred out of the backward pass). Its ops count as backward; they go to the
+        module whose deferred work runs (deferred_backward), else to the root, whose backward latency covers
+        the whole of it."""
+        if not self._counting or self._outside_autograd_backward:
+            yield
+            return
+        self._outside_autograd_backward = True
+        entry = self._push(self._root, BACKWARD, self._now())
+        try:
+            yield
+        finally:
+            self._pop(entry, self._now())
+            self._outside_autograd_backward = False
+
+    def deferred_backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """fn, handed out of the backward of the module running it now (the top of the stack), to be run later
+        as that module's backward work: upstream's WeightGradStore defers the weight-gradient GEMM of each
+        parallel linear this way. Outside a module's backward, fn itself."""
+        if not self._counting or not self._stack or self._stack[-1].phase != BACKWARD:
+            return fn
+        return _DeferredBackward(self, self._stack[-1].node, fn)
+
     def scoped_call(self, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""
         node = self._node_of.get(id(module))
@@ -453,10 +525,13 @@ class ModuleProfiler:
     # ------------------------------------------------------------------ FLOPs
     def _op_phase(self):
         """current_phase(), except that an op under a recompute call is recompute work even with grad mode
-        off: autograd runs a custom Function's forward (Megatron's parallel linears, for one) without grad."""
+        off (autograd runs a custom Function's forward, Megatron's parallel linears for one, without grad),
+        and that backward work run outside autograd (backward_outside_autograd) is backward work."""
         phase = current_phase()
         if phase == BACKWARD and self._stack and self._stack[-1].phase == RECOMPUTE:
             return RECOMPUTE
+        if phase == FORWARD and self._outside_autograd_backward:
+            return BACKWARD
         return phase
 
     def _credit(self, flops):

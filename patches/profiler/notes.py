@@ -20,13 +20,16 @@ NOTES = {
               "(norms, row-parallel biases) and tied modules counted once",
     "params_per_gpu": "params per GPU = a stage's parameters held by one rank (largest over its tp ranks)",
     "flops_per_gpu": "flops per GPU = flops of model / (pp * tp)",
-    "latency": "fwd / bwd / step latency = total time of the ForwardPass / BackwardPass / OptimizerStep "
-               "instructions of the bounding stage",
+    "latency": "fwd / bwd / step latency = total time of the ForwardPass / backward (BackwardPass, or a "
+               "zero-bubble schedule's BackwardOnlyPass and WeightPass) / OptimizerStep instructions of the "
+               "bounding stage",
     "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
     "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
     "perturbation": "perturbation = profiled iteration / median of the unprofiled iterations before it, both wall "
                     "time (time.time()) around the train step on rank 0; the rates below use the "
-                    "unprofiled time where the run measured one (unprofiled iter time), else iter latency",
+                    "unprofiled time where the run measured one (unprofiled iter time), else iter latency; "
+                    "the counting iteration (the one before, where the FLOPs were counted) is timed on the same "
+                    "clock",
     "tflops_per_gpu": "hardware TFLOPS per GPU = (fwd + bwd + recompute flops) / unprofiled iter time (or iter "
                       "latency) / (pp * tp) / 1e12",
     "model_tflops_per_gpu": "model TFLOPS per GPU = (fwd + bwd flops) / unprofiled iter time (or iter latency) "
@@ -43,10 +46,11 @@ NOTES = {
                   "(tied) has its params once and its flops, calls and latencies summed over stages",
     "stage_tflops": "stage TFLOPS per GPU = the stage's (fwd + bwd + recompute flops) / unprofiled iter time (or "
                     "iter latency) / tp / 1e12",
-    "bubble": "bubble: schedule span = stage 0's first instruction to the last BackwardPass end of any stage "
-              "(clocks aligned to rank 0), idle = span - ForwardPass + BackwardPass time of the stage's busiest "
-              "tp rank, "
-              "ideal 1F1B idle fraction = (pp - 1) / (micro-batches + pp - 1); "
+    "bubble": "bubble: schedule span = stage 0's first instruction to the last backward instruction's end of any "
+              "stage (clocks aligned to rank 0), idle = span - forward and backward instruction time of the stage's "
+              "busiest tp rank, "
+              "ideal idle fraction = the schedule's: 1F1B (pp - 1) / (micro-batches + pp - 1), ZB-H1 "
+              "(pp - 1) / (3 * micro-batches + pp - 1) with F = B = W; "
               "wait for the bounding stage = its fwd + bwd + step - the stage's",
     "clock_sync": CLOCK_SYNC,
     "stragglers": "stragglers = per stage, each replica's train_batch, fwd, bwd and comm+wait time (its slowest "

@@ -7,11 +7,14 @@
 The rule, written here once: iteration N-1 counts the FLOPs (a dispatch mode, local to each rank, its
 time kept out of the baseline); iteration N is profiled on every rank without that mode (it takes N-1's
 counts and checks its own module calls against them), then reported; every other iteration is only
-timed, for the unprofiled baseline. N counts in itself where counting is "profiled" or where N-1 did not
-run here (N is the first iteration, or the run resumed at N). Our fork's train(), upstream's patched
-train_step (megatron_upstream.py) and DeepSpeed's config section on a PipelineEngine
-(flops_profiler_config.py) each own one schedule and keep no scheduling state of their own; the section on
-a plain DeepSpeedEngine, whose step is not one call, reports through report_and_detach directly.
+timed, for the unprofiled baseline. N counts in itself where counting is "profiled", where the run is known
+to change its shapes between iterations (curriculum learning), or where N-1 did not run here (N is the
+first iteration, or the run resumed at N). Where N turns out to have run other module calls or shapes than
+N-1, N's figures would be N-1's: it is not reported, and N+1 is profiled instead, counting in itself.
+
+Our fork's train(), upstream's patched train_step (megatron_upstream.py) and DeepSpeed's config section on a
+PipelineEngine (flops_profiler_config.py) each own one schedule and keep no scheduling state of their own;
+the section on a plain DeepSpeedEngine, whose step is not one call, reports through report_and_detach.
 """
 import os
 import statistics
@@ -25,7 +28,7 @@ from patches.profiler.context import UNDESCRIBED, IterationTiming, RunDescriptio
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
 from patches.profiler.measurement import CountingPass, StageMeasurement, count_flops
 from patches.profiler.printer import format_report
-from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
+from patches.profiler.sources import GatheredReports, ReportWriteError, say_on_rank_0, warn_on_rank_0
 
 Result = TypeVar("Result")
 
@@ -84,10 +87,14 @@ class ReportOutput(Protocol):
     def deliver(self, reports: GatheredReports, step: int) -> None: ...  # collective: every rank calls it
 
 
-def counting_announcement(profile_step: int, counting: str, first_done: Optional[int]) -> str:
+def counting_announcement(profile_step: int, counting: str, first_done: Optional[int],
+                          shapes_change: Optional[str] = None) -> str:
     """The start-up line's tail: where ProfileSchedule will count the FLOPs of profile_step, said before the run.
     first_done: iterations done before this run (a resumed run cannot count in an iteration it does not run);
-    None where not known yet. Iterations are numbered from 1 (Megatron's): iteration 1 has none before it."""
+    None where not known yet. Iterations are numbered from 1 (Megatron's): iteration 1 has none before it.
+    shapes_change: as ProfileSchedule's."""
+    if shapes_change:
+        return f", its FLOPs counted in it (the run changes its shapes between iterations: {shapes_change})"
     resumed_after_it = first_done is not None and profile_step - 1 <= first_done
     if counting != COUNT_IN_PREVIOUS or profile_step == 1 or resumed_after_it:
         return ", its FLOPs counted in it"
@@ -131,19 +138,25 @@ class ProfileSchedule:
     """Which iteration counts, which is profiled and reported, which is only timed (see the module docstring)."""
 
     def __init__(self, profile_step: Optional[int], describe: Callable[[DeepSpeedEngine], RunDescription],
-                 output: ReportOutput, counting: str = COUNT_IN_PREVIOUS, timed: bool = True):
+                 output: ReportOutput, counting: str = COUNT_IN_PREVIOUS, shapes_change: Optional[str] = None,
+                 last_iteration: Optional[int] = None):
         """profile_step: the iteration to profile (None: none; every iteration is only timed), in the caller's
         numbering. describe(engine): what the caller knows of its run, asked once, after the profiled
         iteration. output: what to do with the report (FileOutput, or the config section's), its
-        deliver(reports, step) called on every rank. timed=False: no clock, so the report's rates are the
-        profiled iteration's own."""
+        deliver(reports, step) called on every rank. shapes_change: why the run's iterations differ in shape
+        (curriculum learning, ...), known before it starts, or None: such a run counts in the profiled
+        iteration itself, whatever `counting` asks. last_iteration: the run's last iteration, where known."""
         if counting not in COUNTING_CHOICES:
             raise ValueError(f"counting must be one of {COUNTING_CHOICES}, not {counting!r}")
         self.profile_step = profile_step
-        self.counting = counting
+        self.counting = COUNT_IN_PROFILED if shapes_change else counting
+        # why the profiled iteration counts in itself although 'previous' was asked (the report says it)
+        self.counting_note = f"the run changes its shapes between iterations: {shapes_change}" \
+            if shapes_change and counting == COUNT_IN_PREVIOUS else None
         self.describe = describe
         self.output = output
-        self.clock: Optional[IterationClock] = IterationClock() if timed else None
+        self.last_iteration = last_iteration
+        self.clock = IterationClock()
         self._counted: Optional[CountingPass] = None  # the counting pass, until the iteration after it
 
     def role(self, iteration: int) -> str:
@@ -162,17 +175,15 @@ class ProfileSchedule:
         if self._counted is not None and iteration != self._counted.iteration + 1:
             self._counted = None  # the iteration after the counting pass did not come through here
         if role == COUNT:
-            result, self._counted = self._timed(iteration, lambda: count_flops(engine, iteration, run_step))
-            if self.clock is not None:
+            try:
+                result, self._counted = self.clock.timed(iteration, lambda: count_flops(engine, iteration, run_step))
+            finally:
                 self.clock.mark_perturbed(iteration)
             return result
         if role == PROFILE:
             counted, self._counted = self._counted, None  # None where iteration N-1 did not run here
             return self._profile(engine, iteration, run_step, counted)
-        return self._timed(iteration, run_step)
-
-    def _timed(self, iteration: int, step: Callable[[], Result]) -> Result:
-        return self.clock.timed(iteration, step) if self.clock is not None else step()
+        return self.clock.timed(iteration, run_step)
 
     def _profile(self, engine, iteration, run_step, counted):
         """Profile one iteration on every rank, then report it through self.output (collective)."""
@@ -184,16 +195,35 @@ class ProfileSchedule:
                 result = run_step()
             finally:
                 profiled_s = time.time() - start
+                self.clock.mark_perturbed(iteration)
                 measurement.stop()
-            timing = None
-            if self.clock is not None:
-                timing = IterationTiming(profiled_s, *self.clock.unprofiled_before(iteration))
-            run = self.describe(engine)
-        except BaseException:
+            unprofiled_s, unprofiled = self.clock.unprofiled_before(iteration)
+            counting_s = self.clock.seconds.get(counted.iteration) if counted is not None else None
+            timing = IterationTiming(profiled_s, unprofiled_s, unprofiled, counted.iteration if counted else None,
+                                     counting_s)
+            reports = GatheredReports(measurement, self.describe(engine), timing, self.counting_note)
+            differ = reports.report(iteration)["flops_counting"]["calls_differ"]  # the same on every rank
+            if counted is not None and differ:
+                self._count_again(iteration, counted.iteration, differ)
+            else:
+                self.output.deliver(reports, iteration)
+        finally:
             measurement.detach()
-            raise
-        report_and_detach(measurement, iteration, self.output, run, timing)
         return result
+
+    def _count_again(self, iteration: int, counted: int, differ: List[str]) -> None:
+        """The profiled iteration ran other module calls or input shapes than the counting one: its FLOPs are not
+        the counted ones, so no report of it. The next iteration is profiled instead, counting in itself."""
+        what = (f"iteration {iteration} ran other module calls or input shapes than iteration {counted}, where its "
+                f"FLOPs were counted ({len(differ)} places, e.g. {differ[0]})")
+        if self.last_iteration is not None and iteration >= self.last_iteration:
+            warn_on_rank_0(f"FLOPs profiler: no report: {what}, and it was the last iteration; profile an earlier "
+                           "one, or count in the profiled iteration itself (--profile-flops-counting profiled)")
+            return
+        self.profile_step, self.counting = iteration + 1, COUNT_IN_PROFILED
+        self.counting_note = f"{what}: iteration {iteration + 1} was profiled instead"
+        say_on_rank_0(f"> FLOPs profiler (patches): {what}: profiling iteration {iteration + 1} instead, its FLOPs "
+                      "counted in it")
 
 
 def report_and_detach(measurement: StageMeasurement, step: int, output: ReportOutput,

@@ -1,4 +1,5 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.notes import STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
@@ -78,22 +79,40 @@ def _uncounted_lines(report, line):
     return [line("uncounted ops", f"{listed}: no FLOP formula, left out of the flops (shown as >=)")]
 
 
+def _invisible_attention_lines(report, line):
+    hidden = report.get("invisible_attention") or []
+    if not hidden:
+        return []
+    listed = ", ".join(f"{m['module']} ({m['type']}) x{m['calls']}" for m in hidden[:3])
+    more = f" and {len(hidden) - 3} more" if len(hidden) > 3 else ""
+    return [line("attention not counted", f"{listed}{more}: a kernel torch cannot see (an older flash-attn, "
+                                          "Triton, DeepSpeed's builder), its attention FLOPs left out (shown as >=)")]
+
+
 def _perturbation_lines(report, line):
-    """The profiled iteration against unprofiled ones of the same run: what profiling cost it."""
+    """The profiled iteration, and the one that counted its FLOPs, against unprofiled ones of the same run: what
+    profiling cost the run."""
     perturbation = report.get("perturbation")
     if perturbation is None:
         return []
     lines = [line("profiled iteration (wall, the train step)", duration_to_string(perturbation["profiled_iter_s"]))]
+    counting_s = perturbation.get("counting_iter_s")
+    if counting_s is not None:
+        lines.append(line(f"counting iteration {perturbation['counting_iteration']} (wall, the train step, its FLOPs "
+                          "counted)", duration_to_string(counting_s)))
     if perturbation["unprofiled_iter_s"] is None:
         return lines + [line("unprofiled iteration", "n/a: none ran before the profiled one; rates below are "
                                                      "the profiled iteration's")]
     iterations = perturbation["unprofiled_iterations"]
     which = f"{iterations[0]}-{iterations[-1]}" if len(iterations) > 1 else f"{iterations[0]}"
-    return lines + [
+    lines += [
         line(f"unprofiled iter time (median of iterations {which}, same clock)",
              duration_to_string(perturbation["unprofiled_iter_s"])),
         line("perturbation = profiled / unprofiled", f"{perturbation['ratio']:.3f}"),
     ]
+    if perturbation.get("counting_ratio") is not None:
+        lines.append(line("counting iteration / unprofiled", f"{perturbation['counting_ratio']:.3f}"))
+    return lines
 
 
 def _log_line_lines(report, line):
@@ -106,9 +125,11 @@ def _log_line_lines(report, line):
 
 
 def _flops_of_model(report, prefix):
-    """A phase with uncounted ops did at least this much: never shown as an exact number."""
+    """A phase with uncounted ops, or any phase of a model with uncounted attention, did at least this much:
+    never shown as an exact number."""
     text = number_to_string(report["totals"][f"{prefix}_flops"])
-    if any(op["phase"] == prefix for op in report.get("uncounted_ops") or ()):
+    if any(op["phase"] == prefix for op in report.get("uncounted_ops") or ()) or \
+            (report.get("invisible_attention") and report["totals"][f"{prefix}_flops"]):
         return ">= " + text
     return text
 
@@ -146,12 +167,14 @@ def _summary(report):
         line("bwd flops of model", _flops_of_model(report, "bwd")),
         line("recompute flops of model", _flops_of_model(report, "recompute")),
         *_uncounted_lines(report, line),
+        *_invisible_attention_lines(report, line),
         line("fwd / bwd / recompute flops per GPU = flops of model / (pp * tp)",
              " / ".join(number_to_string(totals[k] / (pp * tp))
                         for k in ("fwd_flops", "bwd_flops", "recompute_flops"))),
         line(f"fwd latency (ForwardPass of stage {bounding}, the bounding stage)",
              duration_to_string(totals["fwd_latency_s"])),
-        line(f"bwd latency (BackwardPass of stage {bounding})", duration_to_string(totals["bwd_latency_s"])),
+        line(f"bwd latency ({_backward_instructions(report)} of stage {bounding})",
+             duration_to_string(totals["bwd_latency_s"])),
         line(f"step latency (OptimizerStep of stage {bounding})", duration_to_string(totals["step_latency_s"])),
         line("iter latency = largest stage train_batch time", duration_to_string(totals["iter_latency_s"])),
         *_perturbation_lines(report, line),
@@ -175,11 +198,19 @@ def _summary(report):
                  f"bwd {number_to_string(analytic['bwd_flops'])} + "
                  f"recompute {number_to_string(analytic['recompute_flops'])})"),
             line("measured flops of model (fwd + bwd + recompute)", number_to_string(model_flops)),
-            line("measured / analytic", f"{totals['measured_over_analytic']:.4f}"),
+            line("measured / analytic", f"{totals['measured_over_analytic']:.4f}" + (
+                f" (short: the attention of {len(report['invisible_attention'])} module(s) is not counted)"
+                if report.get("invisible_attention") else "")),
         ]
     else:
         lines.append(line("analytic flops of model (Megatron-LM formula)", "n/a: not given"))
     return lines
+
+
+def _backward_instructions(report):
+    """'BackwardPass', or the backward instructions the bounding stage ran ('BackwardOnlyPass + WeightPass')."""
+    ran = report["stages"][report["bounding_stage"]]["instructions"]
+    return " + ".join(name for name in BACKWARD_INSTRUCTIONS if name in ran) or "BackwardPass"
 
 
 def _stage_table(report):
@@ -209,14 +240,24 @@ def _bubble(report):
     par = report["parallelism"]
     pp, m = par["pipeline_parallel_size"], par["micro_batches"]
     bounding = bubble["bounding_stage"]
+    known = bubble.get("ideal_fraction") is not None
     rows = [[f"{row['stage_id']}{' *' if row['stage_id'] == bounding else ''}", duration_to_string(row["compute_s"]),
              duration_to_string(row["idle_s"]), f"{100 * row['idle_fraction']:.2f}%",
-             f"{100 * row['over_ideal']:+.2f} pts", duration_to_string(row["wait_for_bounding_s"])]
+             f"{100 * row['over_ideal']:+.2f} pts" if known else "n/a", duration_to_string(row["wait_for_bounding_s"])]
             for row in bubble["stages"]]
     waits = [row["wait_for_bounding_s"] for row in bubble["stages"] if row["stage_id"] != bounding]
-    lines = ["", f"Pipeline bubble (1F1B, pp = {pp}, micro-batches = {m}; ideal idle fraction (pp - 1) / "
-                 f"(micro-batches + pp - 1) = {100 * bubble['ideal_fraction']:.2f}%):",
-             f"  schedule span (stage 0's first instruction to the last BackwardPass, clocks aligned to rank 0 "
+    schedule = bubble.get("schedule")
+    if not known:
+        ideal = (f"schedule {schedule}, pp = {pp}, micro-batches = {m}; its ideal idle fraction is not known to the "
+                 "profiler, so no stage is compared with it")
+    elif schedule in (None, "TrainSchedule"):
+        ideal = (f"1F1B, pp = {pp}, micro-batches = {m}; ideal idle fraction (pp - 1) / (micro-batches + pp - 1) = "
+                 f"{100 * bubble['ideal_fraction']:.2f}%")
+    else:
+        ideal = (f"{bubble['ideal_name']} ({schedule}), pp = {pp}, micro-batches = {m}; ideal idle fraction "
+                 f"{bubble['ideal_formula']} = {100 * bubble['ideal_fraction']:.2f}%")
+    lines = ["", f"Pipeline bubble ({ideal}):",
+             f"  schedule span (stage 0's first instruction to the last backward instruction, clocks aligned to rank 0 "
              f"within {duration_to_string(bubble['clock_error_s'])}): {duration_to_string(bubble['schedule_span_s'])}"]
     lines += _table(["stage", "fwd+bwd", "idle", "idle fraction", "vs ideal", f"waits for stage {bounding}"], rows)
     if waits:

@@ -6,7 +6,9 @@ report carries:
   same run, and the training log line's TFLOPs), `optimizer_step_skipped` (fp16 loss
   scaling skipped the profiled step's update), `recompute_note`
   (null, or one line: the pipeline recomputes fewer layers than asked, which and why),
-  `uncounted_ops` (matrix-class ops without a formula: the flops leave them out),
+  `uncounted_ops` (matrix-class ops without a formula: the flops leave them out), `invisible_attention`
+  (attention modules that ran but in which no matrix work was seen: a kernel torch cannot see, such as an
+  older flash-attn, its Triton version or DeepSpeed's builder kernels, so their attention FLOPs are left out),
   `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
   carry no schedule events), `stragglers` (stragglers.py: each stage's timings over the data-parallel
@@ -20,9 +22,18 @@ report carries:
 - module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
   {fwd,bwd,recompute}_calls, always present.
 """
+import re
 from typing import Dict, List, Optional, Tuple
 
 from patches.profiler.context import ReportContext
+from patches.profiler.instructions import (
+    BACKWARD_INSTRUCTIONS,
+    COMM_INSTRUCTIONS,
+    FORWARD_INSTRUCTIONS,
+    INSTRUCTION_ORDER,
+    REDUCE_INSTRUCTIONS,
+    schedule_bubble,
+)
 from patches.profiler.notes import NOTES
 from patches.profiler.phases import phase_fields
 from patches.profiler.stragglers import RankSample, straggler_view
@@ -34,12 +45,6 @@ FLOP_FIELDS = phase_fields("flops") + phase_fields("other_flops")
 CALL_FIELDS = phase_fields("calls")
 LATENCY_FIELDS = phase_fields("latency_s")
 
-# The pipeline schedule's instructions, in the order a 1F1B step meets them.
-INSTRUCTION_ORDER = ("LoadMicroBatch", "RecvActivation", "ForwardPass", "SendActivation",
-                     "RecvGrad", "BackwardPass", "SendGrad", "ReduceTiedGrads", "ReduceGrads",
-                     "OptimizerStep")
-COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
-REDUCE_INSTRUCTIONS = ("ReduceGrads", "ReduceTiedGrads")
 
 
 def _clean_node(node):
@@ -175,7 +180,7 @@ def _instruction_s(instructions, names):
 def _schedule_span(entries):
     """(span, clock error): the seconds from stage 0's first instruction start (the pipeline can do
     nothing before it; a later stage that entered train_batch earlier only waits for it) to the last
-    BackwardPass end over `entries`, each rank's perf_counter moved onto rank 0's clock; and the
+    backward instruction's end over `entries`, each rank's perf_counter moved onto rank 0's clock; and the
     largest clock error. None without events."""
     if not entries or any("events" not in e for e in entries):
         return None
@@ -184,22 +189,25 @@ def _schedule_span(entries):
         offset = e["clock_offset_s"]
         if e["stage_id"] == 0:
             starts += [start - offset for _, _, start, _ in e["events"]]
-        ends += [end - offset for name, _, _, end in e["events"] if name == "BackwardPass"]
+        ends += [end - offset for name, _, _, end in e["events"] if name in BACKWARD_INSTRUCTIONS]
     if not starts or not ends:
         return None
     return max(ends) - min(starts), max(e["clock_error_s"] for e in entries)
 
 
 def bubble_analysis(stages: List[dict], compute_s: Dict[int, float], bounding: dict, micro_batches: int,
-                    span: Tuple[float, float]) -> dict:
-    """Each stage's idle fraction over the schedule span against the ideal 1F1B bubble.
+                    span: Tuple[float, float], schedule: Optional[str] = None) -> dict:
+    """Each stage's idle fraction over the schedule span against the schedule's ideal bubble (instructions.py;
+    null where the profiler does not know the schedule).
 
-    compute_s: {stage id: ForwardPass + BackwardPass seconds of its busiest tp rank} (one rank's sum,
+    compute_s: {stage id: forward and backward instruction seconds of its busiest tp rank} (one rank's sum,
     which fits in the span, where the stage's fwd and bwd maxima may come from two ranks).
+    schedule: the schedule's class (None: a plain engine, or DeepSpeed's 1F1B TrainSchedule order).
     """
     span_s, clock_error_s = span
     pp = len(stages)
-    ideal = (pp - 1) / (micro_batches + pp - 1)
+    known = schedule_bubble(schedule)
+    ideal = known.fraction(pp, micro_batches) if known is not None else None
     rows = []
     for stage in stages:
         idle_s = max(0.0, span_s - compute_s[stage["stage_id"]])
@@ -208,11 +216,13 @@ def bubble_analysis(stages: List[dict], compute_s: Dict[int, float], bounding: d
             "compute_s": compute_s[stage["stage_id"]],
             "idle_s": idle_s,
             "idle_fraction": idle_s / span_s,
-            "over_ideal": idle_s / span_s - ideal,
+            "over_ideal": idle_s / span_s - ideal if ideal is not None else None,
             "wait_for_bounding_s": bounding["busy_s"] - stage["busy_s"],
         })
-    return {"ideal_fraction": ideal, "schedule_span_s": span_s, "clock_error_s": clock_error_s,
-            "bounding_stage": bounding["stage_id"], "stages": rows}
+    return {"schedule": schedule, "ideal_name": known.name if known else None,
+            "ideal_formula": known.formula if known else None, "ideal_fraction": ideal,
+            "schedule_span_s": span_s, "clock_error_s": clock_error_s, "bounding_stage": bounding["stage_id"],
+            "stages": rows}
 
 
 def _build_stage(stage_id, entries, train_batch_max_dp_s):
@@ -221,8 +231,8 @@ def _build_stage(stage_id, entries, train_batch_max_dp_s):
     instructions = _merge_instructions([e["instructions"] for e in entries])
     train_batch_s = max(float(e["train_batch_latency_s"]) for e in entries)
     memory = [int(e["peak_memory_bytes"]) for e in entries if e.get("peak_memory_bytes") is not None]
-    fwd_s = _instruction_s(instructions, ("ForwardPass",))
-    bwd_s = _instruction_s(instructions, ("BackwardPass",))
+    fwd_s = _instruction_s(instructions, FORWARD_INSTRUCTIONS)
+    bwd_s = _instruction_s(instructions, BACKWARD_INSTRUCTIONS)
     step_s = _instruction_s(instructions, ("OptimizerStep",))
     covered_s = _instruction_s(instructions, instructions)
     return {
@@ -302,7 +312,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         stages.append(_build_stage(stage_id, replica, max_dp_s))
     replica = rank_entries
     span = _schedule_span(replica)
-    compute_s = {stage_id: max(_instruction_s(e["instructions"], ("ForwardPass", "BackwardPass"))
+    compute_s = {stage_id: max(_instruction_s(e["instructions"], FORWARD_INSTRUCTIONS + BACKWARD_INSTRUCTIONS)
                                for e in replica if e["stage_id"] == stage_id) for stage_id in range(pp)}
 
     iter_s = max(s["train_batch_latency_s"] for s in stages)
@@ -376,10 +386,12 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "perturbation": _perturbation(timing, context, tflops, measured * dp),
         "device": {"name": context.device_name, "dtype": context.dtype, "peak_tflops": peak},
         "totals": totals,
-        "flops_counting": flops_counting(replica, int(context.step)),
+        "flops_counting": flops_counting(replica, int(context.step), context.counting_note),
         "uncounted_ops": _uncounted_ops(replica),
+        "invisible_attention": invisible_attention(model_tree),
         "bounding_stage": bounding["stage_id"],
-        "bubble": bubble_analysis(stages, compute_s, bounding, int(context.micro_batches), span) if span else None,
+        "bubble": bubble_analysis(stages, compute_s, bounding, int(context.micro_batches), span,
+                                  _schedule_of(replica)) if span else None,
         "stages": stages,
         "model_tree": model_tree,
         "stragglers": straggler_view(samples, pp, dp),
@@ -396,6 +408,7 @@ def _perturbation(timing, context, report_tflops, measured_flops):
     log_flops = context.run.log_line_flops
     log_tflops = log_flops / (unprofiled * context.world_size) / 1e12 if unprofiled and log_flops is not None \
         else None
+    counting_s = timing.counting_iter_s
     return {
         "profiled_iter_s": timing.profiled_iter_s,
         "unprofiled_iter_s": unprofiled,
@@ -403,6 +416,9 @@ def _perturbation(timing, context, report_tflops, measured_flops):
         "log_line_flops": log_flops,
         "clock": timing.clock,
         "ratio": timing.profiled_iter_s / unprofiled if unprofiled else None,
+        "counting_iteration": timing.counting_iteration,
+        "counting_iter_s": counting_s,
+        "counting_ratio": counting_s / unprofiled if unprofiled and counting_s is not None else None,
         "log_line_tflops": log_tflops,
         "log_line_note": log_line_note(log_tflops, report_tflops, log_flops, measured_flops)
         if log_tflops is not None else None,
@@ -418,13 +434,20 @@ def log_line_note(log_tflops: float, report_tflops: float, log_flops: float, mea
             f"so they differ by exactly the ratio of the two counts, {log_flops / measured_flops:.4f}")
 
 
-def flops_counting(replica: List[dict], step: int) -> dict:
-    """Which iteration's ops the FLOPs were counted in, and whether the profiled one ran the same module calls."""
+def _schedule_of(replica):
+    """The pipeline schedule's class the replica's ranks ran (the first that says)."""
+    return next((entry.get("schedule") for entry in replica if entry.get("schedule")), None)
+
+
+def flops_counting(replica: List[dict], step: int, counting_note: Optional[str] = None) -> dict:
+    """Which iteration's ops the FLOPs were counted in, and whether the profiled one ran the same module calls.
+    counting_note: why they were counted in the profiled iteration itself, where the run asked otherwise."""
     counted = {entry.get("counted_iteration") for entry in replica}
     differ = [f"rank {entry['global_rank']}: {call}" for entry in replica for call in entry.get("calls_differ") or ()]
     if counted == {None}:
+        why = f" ({counting_note})" if counting_note else ""
         return {"counted_iteration": step, "calls_differ": [],
-                "note": f"counted in iteration {step} itself, by a dispatch mode on its timed path"}
+                "note": f"counted in iteration {step} itself, by a dispatch mode on its timed path{why}"}
     if len(counted) > 1:  # e.g. user code profiled the batch before on some ranks: they counted in the step
         where = {}
         for entry in replica:
@@ -442,6 +465,28 @@ def flops_counting(replica: List[dict], step: int) -> dict:
     return {"counted_iteration": iteration, "calls_differ": differ,
             "note": f"counted in iteration {iteration} by a dispatch mode, so that iteration {step} ran without "
                     f"one; {same}"}
+
+
+ATTENTION_TYPE = re.compile(r"attn|attention", re.IGNORECASE)
+
+
+def invisible_attention(model_tree: dict) -> List[dict]:
+    """[{module, type, calls}]: the deepest modules whose type names attention (Attention, Attn) that ran forward
+    calls in which no matrix work was counted. Attention that reaches torch (SDPA, bmm, flash-attn's custom
+    ops) always is, so such a module ran a kernel torch cannot see, and its attention FLOPs are missing."""
+    found = []
+
+    def walk(node, path):
+        hidden = [walk(child, f"{path}.{child['name']}" if path else child["name"]) for child in node["children"]]
+        if any(hidden):
+            return True
+        if ATTENTION_TYPE.search(node["type"]) and node["fwd_calls"] > 0 and node["fwd_flops"] == 0:
+            found.append({"module": path or node["name"], "type": node["type"], "calls": node["fwd_calls"]})
+            return True
+        return False
+
+    walk(model_tree, "")
+    return found
 
 
 def _uncounted_ops(replica):

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from patches.engine_registry import engine_ordinal
 from patches.profiler import store_exchange
-from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
+from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription, describe_run
 from patches.profiler.files import write_text
 from patches.profiler.gather import ReportGroups, gather_replica, gather_report
 from patches.profiler.layout import EngineLayout
@@ -62,10 +62,13 @@ class GatheredReports:
     """Collective: see the module docstring."""
 
     def __init__(self, measurement: StageMeasurement, run: RunDescription = UNDESCRIBED,
-                 timing: Optional[IterationTiming] = None):
+                 timing: Optional[IterationTiming] = None, counting_note: Optional[str] = None):
+        """counting_note: why the FLOPs were counted in the profiled iteration itself, where the run asked
+        otherwise (ProfileSchedule)."""
         self.measurement = measurement
         self.run = run
         self.timing = timing
+        self.counting_note = counting_note
         self._groups: Optional[ReportGroups] = None
         self._report: Optional[dict] = None
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
@@ -97,7 +100,7 @@ class GatheredReports:
             entry, context = measurement.entry_or_error(), None
             try:  # only rank 0's is used; an error here is this rank's failure, named to every rank
                 context = ReportContext.of(measurement.engine, measurement.layout, step, self.run, self.timing,
-                                           measurement.skipped_steps_before)
+                                           measurement.skipped_steps_before, counting_note=self.counting_note)
             except Exception as error:
                 entry = error
             result = gather_report(measurement.layout, self._groups, entry, context)
@@ -206,7 +209,7 @@ class PublishedReports(_CallingRankOutput):
         if step not in self._reports:
             entries, samples, note, _ = self._collect()
             measurement = self.measurement
-            context = ReportContext.of(measurement.engine, measurement.layout, step,
+            context = ReportContext.of(measurement.engine, measurement.layout, step, describe_run(measurement.engine),
                                        skipped_steps_before=measurement.skipped_steps_before,
                                        collection_note=note, clock_note=note)
             self._reports[step] = build_report(entries, context, samples)
@@ -283,7 +286,9 @@ class LocalReport(_CallingRankOutput):
             entry = self._one_rank_entry()
             note = (f"global rank {dist.get_rank()} of {dist.get_world_size()} only: DeepSpeed's FlopsProfiler on a "
                     "plain engine reports the calling rank's model")
-            context = ReportContext.of(measurement.engine, ONE_RANK, step,
+            # the calling rank's model: the run's sequence length is its, the whole model's formula is not
+            run = RunDescription(seq_length=describe_run(measurement.engine).seq_length)
+            context = ReportContext.of(measurement.engine, ONE_RANK, step, run,
                                        skipped_steps_before=measurement.skipped_steps_before, collection_note=note,
                                        micro_batches=entry["instructions"].get("ForwardPass", {}).get("count", 0))
             self._reports[step] = build_report([entry], context)
@@ -351,3 +356,9 @@ def warn_on_rank_0(line: str) -> None:
     """One warning line from global rank 0 (training goes on)."""
     if dist.get_rank() == 0:
         print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def say_on_rank_0(line: str) -> None:
+    """One line of the run's log from global rank 0."""
+    if dist.get_rank() == 0:
+        print(line, flush=True)

@@ -8,9 +8,10 @@ import struct
 from dataclasses import dataclass
 from typing import List, Optional
 
+from patches.profiler.instructions import BACKWARD_INSTRUCTIONS, COMM_INSTRUCTIONS, FORWARD_INSTRUCTIONS
+
 # (sample field, printed label): the timings compared over replicas.
 METRICS = (("train_batch_s", "train_batch"), ("fwd_s", "fwd"), ("bwd_s", "bwd"), ("comm_s", "comm+wait"))
-COMM_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
 
 # 4 coordinates, 4 timings (float64), then the failure text (UTF-8, zero padded).
 _NUMBERS = struct.Struct("<4q4d")
@@ -44,7 +45,7 @@ class RankSample:
         def total(names):
             return float(sum(instructions[name]["total_s"] for name in names if name in instructions))
         return cls(int(entry["global_rank"]), int(entry["stage_id"]), int(entry["tp_rank"]), int(entry["dp_rank"]),
-                   float(entry["train_batch_latency_s"]), total(("ForwardPass",)), total(("BackwardPass",)),
+                   float(entry["train_batch_latency_s"]), total(FORWARD_INSTRUCTIONS), total(BACKWARD_INSTRUCTIONS),
                    total(COMM_INSTRUCTIONS))
 
     @classmethod

@@ -23,8 +23,8 @@ EXACT_FLOATS = {"measured_over_analytic", "peak_tflops", "ideal_fraction", "log_
 DECIDED_BY_TIME = {"bounding_stage", "slowest_dp_rank", "slowest_ranks", "log_line_note"}
 
 # Summary lines whose whole value is measured (a rate, a ratio, a sentence quoting them).
-_MEASURED_LINES = re.compile(r"^(perturbation = |samples/second|tokens/second|training log line's TFLOPs|"
-                             r"why they differ)")
+_MEASURED_LINES = re.compile(r"^(perturbation = |counting iteration / unprofiled|samples/second|tokens/second|"
+                             r"training log line's TFLOPs|why they differ)")
 _TOP_BY_TIME = re.compile(r"^(\s+(?:fwd|bwd|recompute) latency\s+- ).*$")
 _DURATION = re.compile(r"\b\d+(?:\.\d+)? (?:s|ms|us)\b")
 _RATE = re.compile(r"\b\d+(?:\.\d+)? ?[KMGTPE]?FLOPS\b")

@@ -1,5 +1,5 @@
 """Test-only: what unmodified upstream Megatron-DeepSpeed needs to run on CPU (gloo) under DeepSpeed 0.19.6,
-and a recorder of its exact losses. Not part of the patch set.
+a recorder of its exact losses, and torch's own FLOP count of one of its iterations. Not part of the patch set.
 
 Python imports this file at start-up when tests/upstream_shim is on PYTHONPATH (the upstream tier's launches
 put it there). Each fix is applied right after the one module it fixes is imported (patches.import_hooks),
@@ -57,6 +57,32 @@ def _record_losses(module):
     module.train_step = train_step
 
 
+def _count_flops_of_one_iteration(module):
+    # The reference count of a plain launch: torch's own FlopCounterMode around train_step at iteration
+    # $UPSTREAM_FLOP_COUNT_ITERATION, every rank writing its count to $UPSTREAM_FLOP_COUNT_RECORD.rank<r>.
+    path, iteration = os.environ.get("UPSTREAM_FLOP_COUNT_RECORD"), os.environ.get("UPSTREAM_FLOP_COUNT_ITERATION")
+    if not path or not iteration:
+        return
+    original = module.train_step
+
+    @functools.wraps(original)
+    def train_step(*args, **kwargs):
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from megatron.global_vars import get_args
+
+        if get_args().curr_iteration + 1 != int(iteration):
+            return original(*args, **kwargs)
+        with FlopCounterMode(display=False) as counter:
+            result = original(*args, **kwargs)
+        with open(f"{path}.rank{os.environ.get('RANK', '0')}", "w") as f:
+            f.write(str(counter.get_total_flops()))
+        return result
+
+    module.train_step = train_step
+
+
 after_import("deepspeed.accelerator.cpu_accelerator", _cpu_stream_factory)
 after_import("megatron.model.gpt_model", _layernorm_taking_sequence_parallel)
 after_import("megatron.training", _record_losses)
+after_import("megatron.training", _count_flops_of_one_iteration)

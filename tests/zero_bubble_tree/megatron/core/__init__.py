@@ -1,0 +1,1 @@
+"""See megatron/__init__.py."""
