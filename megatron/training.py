@@ -2,6 +2,7 @@
 import json
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -129,6 +130,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     """The loop; returns (last iteration, whether --exit-interval or --exit-duration-in-mins ended it)."""
     args = get_args()
     engine = model[0]
+    _trained[0] = weakref.ref(engine)
     iteration = args.iteration
     writer = _tensorboard_writer(args)
     _announce_recompute(args)
@@ -228,13 +230,15 @@ def _describe_run(args):
                           log_line_flops=upstream_flops_per_iteration(args))
 
 
+_trained = [None]  # a weak reference to the engine train() trains: the one engine our arguments describe
+
+
 def _describe_current_run(engine):
-    """_describe_run of this run's arguments, for the reports our train() does not ask for; None before they are
-    parsed."""
-    try:
-        return _describe_run(get_args())
-    except RuntimeError:  # "megatron args are not set"
+    """_describe_run of this run's arguments, for the reports our train() does not ask for (the config
+    section's, the user's own FlopsProfiler code's); None for another engine, or before train() starts."""
+    if _trained[0] is None or _trained[0]() is not engine:
         return None
+    return _describe_run(get_args())
 
 
 register_run_describer(_describe_current_run)

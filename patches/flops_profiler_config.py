@@ -221,7 +221,7 @@ def _profiling_forward(original_forward):
             if self.global_steps != steps_before:  # the accumulation boundary closed the profiled step
                 measurement.stop()
                 # (detaching removes this wrapper with the rest)
-                report_and_detach(measurement, steps_before, SectionOutput(), describe_run(self))
+                report_and_detach(measurement, steps_before, SectionOutput())
             return result
 
         self.step = step

@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import sys
+import weakref
 from argparse import Namespace
 from types import ModuleType
 from typing import Callable, List, Optional
@@ -37,6 +38,7 @@ class _State:
     profile_step_requested = False
     megatron_profiles_itself = False
     schedule = None  # one_step.ProfileSchedule, made from the parsed arguments on first use
+    trained = None  # a weak reference to the engine upstream's train_step trains (model[0])
 
 
 def install(argv: List[str]) -> None:
@@ -151,16 +153,27 @@ def _patch_train_step(module: ModuleType) -> None:
 def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:
     @functools.wraps(original)
     def train_step(*args, **kwargs):
+        model = kwargs["model"] if "model" in kwargs else args[2]
+        _remember_trained(model)
         megatron_args = global_vars.get_args()
         if getattr(megatron_args, "profile_flops_step", None) is None:
             return original(*args, **kwargs)
-        model = kwargs["model"] if "model" in kwargs else args[2]
         # Upstream's own timers are its business: the schedule times its train_step, the unprofiled
         # iterations the report compares with on the clock the profiled one is timed on.
         return _schedule_of(megatron_args, global_vars).run(model[0], _iteration_being_run(megatron_args),
                                                             lambda: original(*args, **kwargs))
 
     return train_step
+
+
+def _remember_trained(model) -> None:
+    """The engine upstream's arguments describe (model[0], a DeepSpeed engine), weakly, for _describe_current_run."""
+    engine = model[0] if isinstance(model, (list, tuple)) and model else None
+    if engine is not None and (_State.trained is None or _State.trained() is not engine):
+        try:
+            _State.trained = weakref.ref(engine)
+        except TypeError:  # not an engine: nothing to describe
+            _State.trained = None
 
 
 def _schedule_of(args: Namespace, global_vars: ModuleType):
@@ -180,14 +193,17 @@ def _schedule_of(args: Namespace, global_vars: ModuleType):
 def shapes_change(args: Namespace) -> Optional[str]:
     """Why upstream's iterations differ in shape, as its arguments (and DeepSpeed config) say, or None: curriculum
     learning truncates each batch to args.curriculum_seqlen, random-LTD drops tokens in the middle layers."""
-    reasons = []
+    reasons = [_curriculum(args), "random-LTD" if getattr(args, "random_ltd", False) else None]
+    return ", ".join(reason for reason in reasons if reason) or None
+
+
+def _curriculum(args: Namespace) -> Optional[str]:
+    """The curriculum learning that shortens upstream's sequences to args.curriculum_seqlen, or None."""
     if getattr(args, "curriculum_learning_legacy", False) or _config_section_enabled(args, "curriculum_learning"):
-        reasons.append("curriculum learning (the DeepSpeed config's curriculum_learning section)")
+        return "curriculum learning (the DeepSpeed config's curriculum_learning section)"
     if getattr(args, "data_efficiency_curriculum_learning", False):
-        reasons.append("data-efficiency curriculum learning")
-    if getattr(args, "random_ltd", False):
-        reasons.append("random-LTD")
-    return ", ".join(reasons) or None
+        return "data-efficiency curriculum learning"
+    return None
 
 
 def _config_section_enabled(args: Namespace, section: str) -> bool:
@@ -218,6 +234,10 @@ def _describe_run(args: Namespace, engine):
     from patches.profiler.context import RunDescription
 
     view, stage_layers = _analytic_view(args, engine)
+    if getattr(args, "random_ltd", False) or getattr(args, "data_efficiency_curriculum_learning", False):
+        # random-LTD drops tokens in the middle layers and the data-efficiency pipeline may reshape the batch:
+        # no formula of batch x length says what ran, so the report states only what was measured
+        return RunDescription(seq_length=view.seq_length)
     analytic = upstream_analytic_flops(view, stage_layers)
     log_line = copy.copy(args)  # upstream's log line reads its own flags, at the iteration's length
     log_line.seq_length = view.seq_length
@@ -228,21 +248,21 @@ def _describe_run(args: Namespace, engine):
 
 def _describe_current_run(global_vars: ModuleType, engine):
     """_describe_run of upstream's parsed arguments, for the reports its train_step does not ask for (the config
-    section's, the user's own FlopsProfiler code's); None before the arguments are parsed."""
-    try:
-        args = global_vars.get_args()
-    except AssertionError:  # upstream's "args is not initialized"
+    section's, the user's own FlopsProfiler code's); None for another engine than the one train_step trains,
+    or for a fork whose arguments lack what the description reads."""
+    if _State.trained is None or _State.trained() is not engine:
         return None
-    return _describe_run(args, engine) if isinstance(args, Namespace) else None
+    try:
+        return _describe_run(global_vars.get_args(), engine)
+    except (AttributeError, TypeError):  # a fork without these arguments: the report has no such lines
+        return None
 
 
 def iteration_seq_length(args: Namespace) -> int:
     """The sequence length the current iteration runs: curriculum learning's (args.curriculum_seqlen, which
     upstream's train() sets before each train_step) where it is on, else --seq-length."""
-    curriculum = getattr(args, "curriculum_learning_legacy", False) or \
-        getattr(args, "data_efficiency_curriculum_learning", False)
     seqlen = getattr(args, "curriculum_seqlen", None)
-    return int(seqlen) if curriculum and seqlen else args.seq_length
+    return int(seqlen) if _curriculum(args) and seqlen else args.seq_length
 
 
 # ---------------------------------------------------------------- the zero-bubble schedule

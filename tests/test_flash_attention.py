@@ -161,19 +161,19 @@ class FlashSelfAttention(Attention):
     """Named as upstream Megatron-DeepSpeed names its flash-attention module."""
 
 
-def profile(kernel, *shape, cu_seqlens=None, module_type=Attention):
-    """(fwd flops, bwd flops, uncounted ops, tree) of one forward and backward through `kernel`."""
+def profile(kernel, *shape, cu_seqlens=None, module_type=Attention, ignore_types=()):
+    """(fwd flops, bwd flops, uncounted ops, the profiler) of one forward and backward through `kernel`."""
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(*shape, HEADS, HEAD_DIM, generator=generator, requires_grad=True)
     k, v = (torch.randn(*shape, KV_HEADS, HEAD_DIM, generator=generator, requires_grad=True) for _ in range(2))
     module = module_type(kernel)
-    profiler = ModuleProfiler(module)
+    profiler = ModuleProfiler(module, ignore_types=ignore_types)
     profiler.start()
     module(q, k, v, cu_seqlens).sum().backward()
     profiler.stop()
     profiler.remove()
     tree = profiler.tree()
-    return tree["fwd_flops"], tree["bwd_flops"], profiler.uncounted_ops(), tree
+    return tree["fwd_flops"], tree["bwd_flops"], profiler.uncounted_ops(), profiler
 
 
 def test_flash_attn_ops_count_as_sdpa_on_the_same_shapes():
@@ -192,10 +192,11 @@ def test_flash_attn_varlen_ops_count_each_packed_sequence():
 
 
 def test_attention_torch_cannot_see_is_named_never_a_silent_zero():
-    fwd, bwd, uncounted, tree = profile("invisible", BATCH, 16, module_type=FlashSelfAttention)
+    fwd, bwd, uncounted, profiler = profile("invisible", BATCH, 16, module_type=FlashSelfAttention)
     assert (fwd, bwd, uncounted) == (0, 0, [])
-    entry = {"global_rank": 0, "stage_id": 0, "tp_rank": 0, "dp_rank": 0, "modules": tree, "instructions": {},
-             "train_batch_latency_s": 0.01, "peak_memory_bytes": None}
+    entry = {"global_rank": 0, "stage_id": 0, "tp_rank": 0, "dp_rank": 0, "modules": profiler.tree(),
+             "instructions": {}, "train_batch_latency_s": 0.01, "peak_memory_bytes": None,
+             "invisible_attention": profiler.invisible_attention()}
     analytic = {"fwd_flops": 100, "bwd_flops": 200, "recompute_flops": 0}
     report = build_report([entry], report_context(1, 1, 1, 1, 1, BATCH, analytic=analytic))
     validate_report(report)
@@ -206,9 +207,50 @@ def test_attention_torch_cannot_see_is_named_never_a_silent_zero():
                                                "cannot see" in text
     assert "measured / analytic:" in text and "(short: the attention of 1 module(s) is not counted)" in text
     # the same module through a kernel torch sees is not named
-    _, _, _, seen = profile("flash", BATCH, 16, module_type=FlashSelfAttention)
-    entry["modules"] = seen
-    assert build_report([entry], report_context(1, 1, 1, 1, 1, BATCH))["invisible_attention"] == []
+    assert profile("flash", BATCH, 16, module_type=FlashSelfAttention)[3].invisible_attention() == []
+
+
+class Wrapper(torch.nn.Module):
+    """An attention module all of whose work is its child's."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.inner = Attention(kernel)
+
+    def forward(self, q, k, v, cu_seqlens=None):
+        return self.inner(q, k, v, cu_seqlens)
+
+
+class WrappingAttention(Wrapper):
+    pass
+
+
+def test_attention_left_out_by_ignore_list_is_not_named():
+    """DeepSpeed's ignore_list leaves a module's work out of the tree: its parent's zero is not an invisible kernel."""
+    assert profile("sdpa", BATCH, 16, module_type=WrappingAttention, ignore_types=[Attention])[3] \
+        .invisible_attention() == []
+    # the deepest attention module without counted work is the one named, not its parent too
+    assert profile("invisible", BATCH, 16, module_type=WrappingAttention)[3].invisible_attention() == [
+        {"module": "inner", "type": "Attention", "calls": 1}]
+
+
+def test_varlen_flops_depend_on_values_so_a_counting_pass_cannot_vouch_for_them():
+    """The same shapes with other sequence boundaries run other FLOPs: a profiled iteration never takes them from
+    the iteration before (adopt_counts names them, so the schedule counts the next iteration in itself)."""
+    cu_seqlens = torch.tensor([0, 5, 16, 24], dtype=torch.int32)
+    _, _, _, counted = profile("flash_varlen", 24, cu_seqlens=cu_seqlens)
+    module = counted.root_module
+    timed = ModuleProfiler(module, count_flops=False)
+    timed.start()
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(24, HEADS, HEAD_DIM, generator=generator, requires_grad=True)
+    k, v = (torch.randn(24, KV_HEADS, HEAD_DIM, generator=generator, requires_grad=True) for _ in range(2))
+    module(q, k, v, cu_seqlens).sum().backward()
+    timed.stop()
+    timed.remove()
+    differ = timed.adopt_counts(counted)
+    assert differ == [f"Attention: {phase} FLOPs of flashattn._flash_attn_varlen_{kind}.default depend on tensor "
+                      "values, not shapes alone" for phase, kind in (("bwd", "backward"), ("fwd", "forward"))]
 
 
 def test_the_stand_in_ops_compute_what_sdpa_computes():

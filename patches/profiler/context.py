@@ -60,7 +60,7 @@ class IterationTiming:
     profiled_iter_s: float
     unprofiled_iter_s: Optional[float]  # None: no unprofiled iteration ran before the profiled one
     unprofiled_iterations: List[int] = field(default_factory=list)
-    counting_iteration: Optional[int] = None  # the iteration before, where the FLOPs were counted (None: in it)
+    # the iteration before, where the FLOPs were counted (the report's flops_counting); None: counted in it
     counting_iter_s: Optional[float] = None
     clock: str = CLOCK
 

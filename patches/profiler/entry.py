@@ -26,6 +26,7 @@ class RankEntry:
     counted_iteration: Optional[int] = None  # where the FLOPs were counted when not in the profiled iteration
     calls_differ: list = field(default_factory=list)  # ModuleProfiler.adopt_counts(): calls unlike the counted ones
     schedule: Optional[str] = None  # the pipeline schedule's class (EngineHooks.schedule); None on a plain engine
+    invisible_attention: list = field(default_factory=list)  # ModuleProfiler.invisible_attention()
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
 
@@ -44,7 +45,7 @@ def build_rank_entry(layout: EngineLayout, module: torch.nn.Module, module_profi
     uncounted = [asdict(op) for op in module_profiler.uncounted_ops()]
     return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree, instructions.as_dict(),
                      train_batch_s, peak_memory_bytes, events, uncounted, counted_iteration, list(calls_differ or []),
-                     schedule)
+                     schedule, module_profiler.invisible_attention())
 
 
 def _annotate_replicated_params(module, node):

@@ -247,6 +247,10 @@ def flash_attn_varlen_backward_flops(dout: torch.Tensor, q: torch.Tensor, k: tor
     return _varlen_flops(q, k, v, cu_seqlens_q, cu_seqlens_k, flash_attention_backward_flops)
 
 
+# Formulas that read tensor values, not shapes alone: two iterations with the same shapes may differ in FLOPs
+# (the module profiler says so where it compares a counting pass with a profiled one).
+VALUE_DEPENDENT_FORMULAS = frozenset((flash_attn_varlen_forward_flops, flash_attn_varlen_backward_flops))
+
 _CUSTOM_OP_FORMULAS = {
     "_flash_attn_forward": flash_attn_forward_flops,
     "_flash_attn_backward": flash_attn_backward_flops,

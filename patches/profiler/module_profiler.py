@@ -37,12 +37,17 @@ How it measures
   the stack is timed, so the three phases never share a second: a recompute running inside a backward
   (reentrant checkpoint in the pipeline module's backward, or non-reentrant recompute inside a layer's
   backward node) counts as recompute, not also as backward.
+- Backward work outside autograd: a zero-bubble schedule defers its linears' weight-gradient GEMMs out of
+  the backward pass and runs them later, in its WeightPass instruction. That work is backward work of the
+  linear it came from (deferred_backward, where the schedule's store hands it over) and runs as such
+  (backward_outside_autograd, around the instruction).
 - Events: each stretch during which a module is active in a phase is also kept as a wall-clock
   interval (one tuple appended when the stretch ends, from the clock reads above). Stretches come from
   one stack, so they nest; a backward stretch encloses a recompute running inside it.
 """
 import contextlib
 import functools
+import re
 import time
 import weakref
 from dataclasses import dataclass
@@ -54,6 +59,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from patches.profiler.flop_formulas import (
     MATRIX,
+    VALUE_DEPENDENT_FORMULAS,
     any_nested,
     custom_op_formula,
     gemm_backward_product_flops,
@@ -72,6 +78,8 @@ from patches.profiler.phases import (
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
 ModuleEvent = Tuple[str, str, int, str, float, float]
+# Module types that compute attention, by name (invisible_attention).
+ATTENTION_TYPE = re.compile(r"attn|attention", re.IGNORECASE)
 
 _graph_task_id = torch._C._current_graph_task_id
 
@@ -215,11 +223,12 @@ class _FlopCountingMode(TorchDispatchMode):
         # documented opt-out): that wrapper alone doubled the per-op cost. Nothing here is compiled.
         return False
 
-    def __init__(self, credit, uncounted):
+    def __init__(self, credit, uncounted, value_dependent):
         super().__init__()
         self.formulas = _FormulaCache()
         self.credit = credit
         self.uncounted = uncounted
+        self.value_dependent = value_dependent
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         formula = self.formulas[func]
@@ -244,6 +253,8 @@ class _FlopCountingMode(TorchDispatchMode):
             flops = formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out)
             if flops:
                 self.credit(flops)
+            if formula in VALUE_DEPENDENT_FORMULAS:
+                self.value_dependent(func)
         return out
 
 
@@ -283,11 +294,14 @@ class _DeferredBackward:
         profiler = self.profiler
         if not profiler._counting or _graph_task_id() != -1:
             return self.fn(*args, **kwargs)
+        outside = profiler._outside_autograd_backward  # whoever runs it (WeightPass, or user code), it is backward
+        profiler._outside_autograd_backward = True
         entry = profiler._push(self.node, BACKWARD, profiler._now())
         try:
             return self.fn(*args, **kwargs)
         finally:
             profiler._pop(entry, profiler._now())
+            profiler._outside_autograd_backward = outside
 
 
 # The ModuleProfilers measuring now (started, not stopped): where deferred backward work is handed over.
@@ -397,8 +411,10 @@ class ModuleProfiler:
         for module, node in self._pairs:
             node.ignored = node is not self._root and type(module) in ignore_types
         self._node_of = {id(module): node for module, node in self._pairs}
-        self._mode = _FlopCountingMode(self._credit, self._count_uncounted) if count_flops else None
+        self._mode = _FlopCountingMode(self._credit, self._count_uncounted, self._note_value_dependent) \
+            if count_flops else None
         self._uncounted = {}  # (op name, phase) -> calls
+        self._value_dependent = {}  # "path: phase" -> the op whose FLOPs read tensor values there
         self._module_hooks = []
         self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
         self._watched_tasks = set()
@@ -451,6 +467,7 @@ class ModuleProfiler:
             node.wall_since[:] = [now, now, now]
         self._events = []
         self._uncounted = {}
+        self._value_dependent = {}
 
     def tree(self) -> dict:
         return _node_dict(self._root)
@@ -468,6 +485,29 @@ class ModuleProfiler:
         return [UncountedOp(op=op, phase=PHASE_PREFIXES[phase], calls=calls)
                 for (op, phase), calls in sorted(self._uncounted.items())]
 
+    def invisible_attention(self) -> List[dict]:
+        """[{module, type, calls}]: the deepest modules whose type names attention (Attention, Attn) that ran
+        forward calls in which no matrix work was counted, in their subtree either (modules left out by
+        ignore_list excepted). Attention that reaches torch (SDPA, bmm, flash-attn's custom ops) always is, so
+        such a module ran a kernel torch cannot see, and its attention FLOPs are missing."""
+        found = []
+
+        def walk(node, ignored_above):
+            ignored = ignored_above or node.ignored
+            flops, hidden_below = node.flops[FORWARD], False
+            for child in node.children:
+                child_flops, child_hidden = walk(child, ignored)
+                flops, hidden_below = flops + child_flops, hidden_below or child_hidden
+            if hidden_below:
+                return flops, True
+            if not ignored and node.calls[FORWARD] and flops == 0 and ATTENTION_TYPE.search(node.type):
+                found.append({"module": node.path, "type": node.type, "calls": node.calls[FORWARD]})
+                return flops, True
+            return flops, False
+
+        walk(self._root, False)
+        return found
+
     def totals(self) -> dict:
         tree = self.tree()
         return {f"{prefix}_flops": tree[f"{prefix}_flops"] for prefix in PHASE_PREFIXES}
@@ -476,7 +516,9 @@ class ModuleProfiler:
         """Take the FLOPs (and uncounted ops) of `counter`, a counting pass over the same module tree in
         another iteration, keeping this profiler's calls and latencies. Returns the modules whose calls
         differ between the two passes: "path: phase counted/timed" for the number of calls, "path: phase
-        input shapes" for the same number with other input shapes; empty when the same calls ran."""
+        input shapes" for the same number with other input shapes, and the modules whose counted FLOPs
+        depend on tensor values (flash-attn's varlen ops), which no comparison of calls can vouch for; empty
+        when the same calls ran and their FLOPs follow from their shapes."""
         if [module for module, _ in counter._pairs] != [module for module, _ in self._pairs]:
             raise ValueError("adopt_counts: the counting pass profiled another module tree")
         differ = []
@@ -487,6 +529,9 @@ class ModuleProfiler:
                     differ.append(f"{mine.path}: {prefix} {theirs.calls[phase]}/{mine.calls[phase]}")
                 elif mine.input_shapes[phase] != theirs.input_shapes[phase]:
                     differ.append(f"{mine.path}: {prefix} input shapes")
+        # the same shapes do not mean the same FLOPs here: flash-attn varlen's depend on its cu_seqlens values
+        differ += [f"{where} FLOPs of {op} depend on tensor values, not shapes alone"
+                   for where, op in sorted(counter._value_dependent.items())]
         self._uncounted = dict(counter._uncounted)
         return differ
 
@@ -538,6 +583,10 @@ class ModuleProfiler:
         stack = self._stack
         node = stack[-1].node if stack else self._root
         node.flops[self._op_phase()] += flops
+
+    def _note_value_dependent(self, func):
+        node = self._stack[-1].node if self._stack else self._root
+        self._value_dependent[f"{node.path}: {PHASE_PREFIXES[self._op_phase()]}"] = str(func)
 
     def _count_uncounted(self, func):
         key = (str(func), self._op_phase())

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple, Ty
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from patches.profiler.context import UNDESCRIBED, IterationTiming, RunDescription
+from patches.profiler.context import IterationTiming, RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
 from patches.profiler.measurement import CountingPass, StageMeasurement, count_flops
 from patches.profiler.printer import format_report
@@ -143,9 +143,9 @@ class ProfileSchedule:
         """profile_step: the iteration to profile (None: none; every iteration is only timed), in the caller's
         numbering. describe(engine): what the caller knows of its run, asked once, after the profiled
         iteration. output: what to do with the report (FileOutput, or the config section's), its
-        deliver(reports, step) called on every rank. shapes_change: why the run's iterations differ in shape
-        (curriculum learning, ...), known before it starts, or None: such a run counts in the profiled
-        iteration itself, whatever `counting` asks. last_iteration: the run's last iteration, where known."""
+        deliver(reports, step) called on every rank. shapes_change: None, or why the run's iterations differ in
+        shape (curriculum learning, ...), known before it starts: then the profiled iteration counts in itself,
+        whatever `counting` asks. last_iteration: the run's last iteration, where known."""
         if counting not in COUNTING_CHOICES:
             raise ValueError(f"counting must be one of {COUNTING_CHOICES}, not {counting!r}")
         self.profile_step = profile_step
@@ -199,12 +199,11 @@ class ProfileSchedule:
                 measurement.stop()
             unprofiled_s, unprofiled = self.clock.unprofiled_before(iteration)
             counting_s = self.clock.seconds.get(counted.iteration) if counted is not None else None
-            timing = IterationTiming(profiled_s, unprofiled_s, unprofiled, counted.iteration if counted else None,
-                                     counting_s)
+            timing = IterationTiming(profiled_s, unprofiled_s, unprofiled, counting_s)
             reports = GatheredReports(measurement, self.describe(engine), timing, self.counting_note)
-            differ = reports.report(iteration)["flops_counting"]["calls_differ"]  # the same on every rank
-            if counted is not None and differ:
-                self._count_again(iteration, counted.iteration, differ)
+            counting = reports.report(iteration)["flops_counting"]  # broadcast: every rank decides alike
+            if counting["calls_differ"]:
+                self._count_again(iteration, counting["counted_iteration"], counting["calls_differ"])
             else:
                 self.output.deliver(reports, iteration)
         finally:
@@ -223,14 +222,15 @@ class ProfileSchedule:
         self.profile_step, self.counting = iteration + 1, COUNT_IN_PROFILED
         self.counting_note = f"{what}: iteration {iteration + 1} was profiled instead"
         say_on_rank_0(f"> FLOPs profiler (patches): {what}: profiling iteration {iteration + 1} instead, its FLOPs "
-                      "counted in it")
+                      "counted in it (no report if the run ends before it)")
 
 
 def report_and_detach(measurement: StageMeasurement, step: int, output: ReportOutput,
-                      run: RunDescription = UNDESCRIBED, timing: Optional[IterationTiming] = None) -> None:
+                      run: Optional[RunDescription] = None) -> None:
     """Collective: the stopped measurement's report, gathered (sources.GatheredReports) and handed to output on
-    every rank; then, whatever happened, every hook comes off the engine."""
+    every rank; then, whatever happened, every hook comes off the engine. (The config section on a plain
+    DeepSpeedEngine: its step is not one call a schedule can run.)"""
     try:
-        output.deliver(GatheredReports(measurement, run, timing), step)
+        output.deliver(GatheredReports(measurement, run), step)
     finally:
         measurement.detach()

@@ -3,7 +3,9 @@
 Inside `loss.backward()` the autograd engine runs a graph task. Backward kernels run in it with
 grad mode off; activation checkpointing re-runs forward code in it with grad mode on (the reentrant
 checkpoint calls `torch.enable_grad()` before recomputing, the non-reentrant one recomputes from a
-saved-tensor unpack hook under grad mode). Everything outside a graph task is forward work.
+saved-tensor unpack hook under grad mode). Everything outside a graph task is forward work, but for the
+backward work a pipeline schedule runs outside autograd (a zero-bubble schedule's WeightPass), which the
+module profiler marks as such (ModuleProfiler.backward_outside_autograd).
 Double backward (`create_graph=True`) would read as recompute; training loops do not use it.
 """
 import torch

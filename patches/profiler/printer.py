@@ -98,8 +98,9 @@ def _perturbation_lines(report, line):
     lines = [line("profiled iteration (wall, the train step)", duration_to_string(perturbation["profiled_iter_s"]))]
     counting_s = perturbation.get("counting_iter_s")
     if counting_s is not None:
-        lines.append(line(f"counting iteration {perturbation['counting_iteration']} (wall, the train step, its FLOPs "
-                          "counted)", duration_to_string(counting_s)))
+        counted = report["flops_counting"]["counted_iteration"]
+        lines.append(line(f"counting iteration {counted} (wall, the train step, its FLOPs counted)",
+                          duration_to_string(counting_s)))
     if perturbation["unprofiled_iter_s"] is None:
         return lines + [line("unprofiled iteration", "n/a: none ran before the profiled one; rates below are "
                                                      "the profiled iteration's")]

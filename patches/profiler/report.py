@@ -11,7 +11,9 @@ report carries:
   older flash-attn, its Triton version or DeepSpeed's builder kernels, so their attention FLOPs are left out),
   `model_tree` (every stage's module tree under one root), `bounding_stage`, `device`
   ({name, dtype, peak_tflops}), `bubble` (the pipeline bubble analysis, or null when the entries
-  carry no schedule events), `stragglers` (stragglers.py: each stage's timings over the data-parallel
+  carry no schedule events: `schedule`, the schedule's class or null on a plain engine; `ideal_name`,
+  `ideal_formula` and `ideal_fraction` of it, null for a schedule the profiler does not know, and then
+  each stage's `over_ideal` null too), `stragglers` (stragglers.py: each stage's timings over the data-parallel
   replicas) and `notes` (notes.py: the formulas used; the printer's Notations block);
 - per stage: params_per_gpu, train_batch_latency_max_dp_s (over all data-parallel replicas),
   comm_s, reduce_s, load_s, instructions_s, other_s, busy_s (fwd + bwd + step), busy_share,
@@ -22,7 +24,6 @@ report carries:
 - module nodes: replicated_params, {fwd,bwd,recompute}_other_flops (non-matrix work) and
   {fwd,bwd,recompute}_calls, always present.
 """
-import re
 from typing import Dict, List, Optional, Tuple
 
 from patches.profiler.context import ReportContext
@@ -388,7 +389,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "totals": totals,
         "flops_counting": flops_counting(replica, int(context.step), context.counting_note),
         "uncounted_ops": _uncounted_ops(replica),
-        "invisible_attention": invisible_attention(model_tree),
+        "invisible_attention": _invisible_attention(replica),
         "bounding_stage": bounding["stage_id"],
         "bubble": bubble_analysis(stages, compute_s, bounding, int(context.micro_batches), span,
                                   _schedule_of(replica)) if span else None,
@@ -416,7 +417,6 @@ def _perturbation(timing, context, report_tflops, measured_flops):
         "log_line_flops": log_flops,
         "clock": timing.clock,
         "ratio": timing.profiled_iter_s / unprofiled if unprofiled else None,
-        "counting_iteration": timing.counting_iteration,
         "counting_iter_s": counting_s,
         "counting_ratio": counting_s / unprofiled if unprofiled and counting_s is not None else None,
         "log_line_tflops": log_tflops,
@@ -467,26 +467,15 @@ def flops_counting(replica: List[dict], step: int, counting_note: Optional[str] 
                     f"one; {same}"}
 
 
-ATTENTION_TYPE = re.compile(r"attn|attention", re.IGNORECASE)
-
-
-def invisible_attention(model_tree: dict) -> List[dict]:
-    """[{module, type, calls}]: the deepest modules whose type names attention (Attention, Attn) that ran forward
-    calls in which no matrix work was counted. Attention that reaches torch (SDPA, bmm, flash-attn's custom
-    ops) always is, so such a module ran a kernel torch cannot see, and its attention FLOPs are missing."""
-    found = []
-
-    def walk(node, path):
-        hidden = [walk(child, f"{path}.{child['name']}" if path else child["name"]) for child in node["children"]]
-        if any(hidden):
-            return True
-        if ATTENTION_TYPE.search(node["type"]) and node["fwd_calls"] > 0 and node["fwd_flops"] == 0:
-            found.append({"module": path or node["name"], "type": node["type"], "calls": node["fwd_calls"]})
-            return True
-        return False
-
-    walk(model_tree, "")
-    return found
+def _invisible_attention(replica):
+    """The replica's attention modules that ran a kernel torch cannot see (ModuleProfiler.invisible_attention),
+    once each (a stage's tp ranks name the same module), by module path."""
+    found = {}
+    for entry in replica:
+        for module in entry.get("invisible_attention") or ():
+            known = found.setdefault(module["module"], dict(module))
+            known["calls"] = max(known["calls"], module["calls"])
+    return [found[path] for path in sorted(found)]
 
 
 def _uncounted_ops(replica):

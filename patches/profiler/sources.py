@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from patches.engine_registry import engine_ordinal
 from patches.profiler import store_exchange
-from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription, describe_run
+from patches.profiler.context import IterationTiming, ReportContext, RunDescription, describe_run
 from patches.profiler.files import write_text
 from patches.profiler.gather import ReportGroups, gather_replica, gather_report
 from patches.profiler.layout import EngineLayout
@@ -61,10 +61,11 @@ class MeasuringSource(ReportSource, Protocol):
 class GatheredReports:
     """Collective: see the module docstring."""
 
-    def __init__(self, measurement: StageMeasurement, run: RunDescription = UNDESCRIBED,
+    def __init__(self, measurement: StageMeasurement, run: Optional[RunDescription] = None,
                  timing: Optional[IterationTiming] = None, counting_note: Optional[str] = None):
-        """counting_note: why the FLOPs were counted in the profiled iteration itself, where the run asked
-        otherwise (ProfileSchedule)."""
+        """run: what the caller knows of the run (None: what the Megatron of the process says, describe_run, at
+        report time). counting_note: why the FLOPs were counted in the profiled iteration itself, where the run
+        asked otherwise (ProfileSchedule)."""
         self.measurement = measurement
         self.run = run
         self.timing = timing
@@ -99,7 +100,8 @@ class GatheredReports:
                 self._groups = ReportGroups.for_layout(measurement.layout)
             entry, context = measurement.entry_or_error(), None
             try:  # only rank 0's is used; an error here is this rank's failure, named to every rank
-                context = ReportContext.of(measurement.engine, measurement.layout, step, self.run, self.timing,
+                run = self.run if self.run is not None else describe_run(measurement.engine)
+                context = ReportContext.of(measurement.engine, measurement.layout, step, run, self.timing,
                                            measurement.skipped_steps_before, counting_note=self.counting_note)
             except Exception as error:
                 entry = error

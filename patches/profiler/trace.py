@@ -23,8 +23,11 @@ from patches.profiler.notes import CLOCK_SYNC
 
 INSTRUCTION_CATEGORY = "instruction"
 FLOW_CATEGORY = "p2p"
-MICRO_BATCH_INSTRUCTIONS = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "SendActivation",
+MICRO_BATCH_INSTRUCTIONS = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "BackwardOnlyPass", "SendActivation",
                             "RecvActivation", "SendGrad", "RecvGrad")
+# Instructions that take turns over one micro-batch sequence: a zero-bubble schedule runs each micro-batch's
+# backward as BackwardPass or as BackwardOnlyPass.
+SHARED_COUNTER = {"BackwardOnlyPass": "BackwardPass"}
 # send -> (stage step to its receiver, the receiving instruction, what travels)
 FLOWS = {"SendActivation": (1, "RecvActivation", "activation"), "SendGrad": (-1, "RecvGrad", "gradient")}
 CLOCK_SYNC_METHOD = CLOCK_SYNC
@@ -43,8 +46,9 @@ def _instruction_slices(entry, to_us):
         args = {"instruction": name, **kwargs}
         label = name
         if name in MICRO_BATCH_INSTRUCTIONS:
-            args["micro_batch"] = seen[name]
-            seen[name] += 1
+            counter = SHARED_COUNTER.get(name, name)
+            args["micro_batch"] = seen[counter]
+            seen[counter] += 1
             label = f"{name} mb{args['micro_batch']}"
         slices.append({"name": label, "cat": INSTRUCTION_CATEGORY, "ph": "X", "pid": pid, "tid": tid,
                        "ts": to_us(start), "dur": (end - start) * 1e6, "args": args})
