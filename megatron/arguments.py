@@ -188,9 +188,10 @@ def _add_distributed_args(parser):
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="train the plain GPTModel with a DeepSpeedEngine instead of a PipelineEngine")
     g.add_argument("--pp-partition-method", default=DEFAULT_PARTITION_METHOD,
-                   help="how DeepSpeed cuts the layers into stages: 'uniform' (same number of layers) or "
-                        "'type:REGEX' (balance the layers whose class matches; 'type:transformer|embedding' "
-                        "also weighs the embedding and the LM head, as in Megatron-DeepSpeed)")
+                   help="how DeepSpeed cuts the layers into stages: 'uniform' (same number of layers), "
+                        "'parameters' (balance their parameter counts) or 'type:REGEX' (balance the layers whose "
+                        "class matches; 'type:transformer|embedding' also weighs the embedding and the LM head, as "
+                        "in Megatron-DeepSpeed); --pp-partition-from-profile cuts where a profiled run says")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo", "ccl", "hccl"],
                    help="default: the accelerator's own (gloo on CPU, nccl on CUDA); upstream's default is nccl")
     g.add_argument("--distributed-timeout-minutes", type=int, default=None,
@@ -278,6 +279,9 @@ def _add_checkpoint_args(parser):
                    help="save no RNG state (resuming such a checkpoint then needs --no-load-rng, as upstream)")
     g.add_argument("--no-load-rng", action="store_true",
                    help="resume without the checkpoint's RNG state: the generators keep this run's seeds")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="with DeepSpeed (as upstream) the optimizer state is loaded anyway, except from a pipeline "
+                        "checkpoint of other parts (--pp-partition-from-profile), where it is then left out")
     g.add_argument("--load-tag", default=None,
                    help="the checkpoint in --load to resume (global_step<N>), instead of the one `latest` names")
     g.add_argument("--finetune", action="store_true",
@@ -460,17 +464,32 @@ def _validate_recompute(args):
 
 
 def _validate_partition(args, pp):
-    """Every stage must get at least one of the layers the partition method weighs."""
+    """Every stage must get at least one of the layers the partition method weighs; a partition report must be of
+    this model."""
     method = args.pp_partition_method
-    if method != "uniform":
+    if args.pp_partition_from_profile is not None:
+        _require(method == DEFAULT_PARTITION_METHOD, f"--pp-partition-from-profile and --pp-partition-method "
+                                                     f"{method!r} both choose the partition: give one")
+        from megatron.model.gpt_model import stage_boundaries
+
+        try:
+            stage_boundaries(args, pp)
+        except PatchConfigError as error:
+            raise ArgumentError(f"--pp-partition-from-profile: {error}") from None
+        return
+    if method not in ("uniform", "parameters"):
         _require(method.startswith("type:") and len(method) > len("type:"),
-                 f"--pp-partition-method {method!r}: expected 'uniform' or 'type:REGEX' "
+                 f"--pp-partition-method {method!r}: expected 'uniform', 'parameters' or 'type:REGEX' "
                  f"(e.g. 'type:transformer|embedding')")
         try:
             re.compile(method[len("type:"):])
         except re.error as error:
             message = f"--pp-partition-method {method!r} is not a valid regular expression: {error}"
             raise ArgumentError(message) from None
+    if method == "parameters":  # every layer has parameters; their counts need the vocabulary, not known yet
+        _require(pp <= args.num_layers + 3, f"--pipeline-model-parallel-size {pp} exceeds the model's "
+                                            f"{args.num_layers + 3} layers: a stage would hold none")
+        return
     if method == DEFAULT_PARTITION_METHOD:
         _require(pp <= args.num_layers, f"--pipeline-model-parallel-size {pp} exceeds --num-layers "
                                         f"{args.num_layers}: a stage would hold no layer")

@@ -21,6 +21,7 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
+from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
 from patches.profiler.context import RunDescription, register_run_describer
 from patches.profiler.one_step import FileOutput, ProfileSchedule, counting_announcement
@@ -47,8 +48,12 @@ def _build_and_train(args, train_valid_test_dataset_provider, model_provider, fo
     model, optimizer, lr_scheduler = setup_model_and_optimizer(model_provider)
     args.iteration, args.consumed_train_samples, args.consumed_train_tokens = 0, 0, 0
     if args.load:
-        args.iteration, args.consumed_train_samples, args.consumed_train_tokens = \
-            load_checkpoint(model[0], args.load, args)
+        drop_optimizer_state_across_partitions(args.no_load_optim)
+        try:
+            args.iteration, args.consumed_train_samples, args.consumed_train_tokens = \
+                load_checkpoint(model[0], args.load, args)
+        except PatchConfigError as error:  # e.g. a checkpoint of other pipeline parts (every rank raises it)
+            exit_on_bad_args(str(error))
     if not args.consumed_train_tokens:
         args.consumed_train_tokens = args.consumed_train_samples * args.seq_length  # a fixed sequence length
 

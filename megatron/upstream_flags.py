@@ -83,7 +83,6 @@ NO_OPS = (
     NoOpFlag(("--onnx-safe",), "picks an ONNX-exportable GELU in upstream's BERT; GPT training is the same"),
     NoOpFlag(("--mmap-warmup",), "only pre-reads the data files; the samples are the same"),
     NoOpFlag(("--no-save-optim",), _DEEPSPEED_SAVES),
-    NoOpFlag(("--no-load-optim",), _DEEPSPEED_SAVES),
     NoOpFlag(("--no-load-lr-state",), _NEVER_READ),
     NoOpFlag(("--no-initialization",), _NEVER_READ),
     NoOpFlag(("--exit-on-missing-checkpoint",),

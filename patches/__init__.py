@@ -51,8 +51,16 @@ def apply() -> None:
 
     if deepspeed.__version__ not in TESTED_DEEPSPEED:
         _say(untested_version_warning(deepspeed.__version__))
-    from patches import flops_profiler_class, flops_profiler_config, pipeline_timers, section_timers
-    for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class):
+    from patches import (
+        flops_profiler_class,
+        flops_profiler_config,
+        partition_profile,
+        pipeline_checkpoint,
+        pipeline_timers,
+        section_timers,
+    )
+    for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class, partition_profile,
+                  pipeline_checkpoint):
         missing = missing_attributes(patch.requires())
         if missing:
             _say(f"warning: patches: {patch.__name__} is not applied: DeepSpeed {deepspeed.__version__} has no "

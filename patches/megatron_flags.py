@@ -4,6 +4,8 @@ Megatron-DeepSpeed's (through patches.megatron_upstream) both add them here and 
     --profile-flops-step N       profile iteration N on every stage and print one gathered report
     --profile-flops-output DIR   where flops_profile_stepN.json and pipeline_trace_stepN.json go
     --profile-flops-counting     where N's FLOPs are counted: in N-1 (default) or in N itself
+    --pp-partition-from-profile REPORT.json
+                                 cut the pipeline where a profiled run's measured layers say (partition_profile.py)
 """
 import os
 import tempfile
@@ -30,12 +32,23 @@ def add_profiler_flags(parser: ArgumentParser) -> Any:
                             "(default: the working directory)")
     group.add_argument("--profile-flops-counting", choices=COUNTING_CHOICES, default=COUNT_IN_PREVIOUS,
                        help=COUNTING_HELP)
+    group.add_argument("--pp-partition-from-profile", default=None, metavar="REPORT.json",
+                       help="cut the pipeline's layers where this profile report (flops_profile_stepN.json of a run "
+                            "of the same model) measured them: contiguous, no stage empty, the slowest stage as fast "
+                            "as it can be (DeepSpeed's partition_method='profile')")
     return group
 
 
 def check_profiler_flags(args: Namespace) -> None:
-    """Raise PatchConfigError on a --profile-flops-step that could never run or report. A Megatron adds its own
-    checks (what its training loop can end on) after these."""
+    """Raise PatchConfigError on a --profile-flops-step that could never run or report, or a partition report that
+    cannot be planned from. A Megatron adds its own checks (what its training loop can end on) after these."""
+    report = getattr(args, "pp_partition_from_profile", None)
+    if report is not None:
+        from patches.partition_profile import read_report
+
+        if not read_report(report).get("layers"):
+            raise PatchConfigError(f"--pp-partition-from-profile {report}: the report has no layer table (a "
+                                   "PipelineModule's run profiled by this profiler has one)")
     step = args.profile_flops_step
     if step is None:
         return

@@ -179,6 +179,18 @@ def _config(tmp_path, section):
     return ["--deepspeed", "--deepspeed_config", path]
 
 
+def _partition_report(tmp_path, layer_types):
+    """A profile report's JSON reduced to what planning a partition reads: each layer's measured seconds."""
+    path = tmp_path / "flops_profile_step2.json"
+    layers = [{"index": i, "type": name, "stage": 0, "fwd_latency_s": 0.001, "bwd_latency_s": 0.002,
+               "recompute_latency_s": 0.0} for i, name in enumerate(layer_types)]
+    path.write_text(json.dumps({"layers": layers, "totals": {"throughput_iter_s": 0.1},
+                                "parallelism": {"micro_batches": 4}}))
+    return ["--pp-partition-from-profile", path]
+
+
+TINY_GPT_LAYERS = ["EmbeddingPipe"] + ["ParallelTransformerLayerPipe"] * 4 + ["LayerNorm", "EmbeddingPipe"]
+
 BAD_INPUT = {  # name: (flags after TINY_GPT --train-iters 5, given a tmp dir; words of the one line)
     "step_before_resume": (lambda tmp: ["--load", bad_load_dir(tmp), "--profile-flops-step", "1"],
                            "--profile-flops-step 1 would never run: the checkpoint in --load"),
@@ -189,8 +201,17 @@ BAD_INPUT = {  # name: (flags after TINY_GPT --train-iters 5, given a tmp dir; w
     "config_output_file_dir_missing": (
         lambda tmp: _config(tmp, {"flops_profiler": {"enabled": True, "output_file": str(tmp / "no" / "f.txt")}}),
         "flops_profiler.output_file"),
-    "partition_method": (lambda tmp: ["--pp-partition-method", "parameters"],
-                         "--pp-partition-method 'parameters': expected 'uniform' or 'type:REGEX'"),
+    "partition_method": (lambda tmp: ["--pp-partition-method", "balanced"],
+                         "--pp-partition-method 'balanced': expected 'uniform', 'parameters' or 'type:REGEX'"),
+    "partition_report_unreadable": (lambda tmp: ["--pp-partition-from-profile", tmp / "none.json"],
+                                    "none.json cannot be read: No such file or directory"),
+    "partition_report_of_another_model": (
+        lambda tmp: _partition_report(tmp, TINY_GPT_LAYERS[:-2] + TINY_GPT_LAYERS[-1:]),
+        "profiles another model: 6 layers against this PipelineModule's 7, the first difference at layer 5 "
+        "(EmbeddingPipe there, LayerNorm here)"),
+    "partition_report_and_method": (
+        lambda tmp: _partition_report(tmp, TINY_GPT_LAYERS) + ["--pp-partition-method", "uniform"],
+        "--pp-partition-from-profile and --pp-partition-method 'uniform' both choose the partition: give one"),
     "partition_regex": (lambda tmp: ["--pp-partition-method", "type:transformer|("],
                         "is not a valid regular expression"),
     "partition_too_few_layers": (

@@ -52,13 +52,46 @@ def stage_boundaries(args, num_stages):
     what the partition method counts for spec j (1 or 0 for 'type:REGEX', 1 for 'uniform'). DeepSpeed's
     own partition functions and matching rule, so the flags can be checked before any process group.
     """
-    names = [spec.typename.__name__ for spec in pipeline_layer_specs(args)]
+    specs = pipeline_layer_specs(args)
+    names = [spec.typename.__name__ for spec in specs]
+    if args.pp_partition_from_profile:  # where a profiled run's measured layers say (patches.partition_profile)
+        from patches.partition_profile import profiled_parts
+        from patches.profiler.layers import layer_type
+
+        return profiled_parts(args.pp_partition_from_profile, [layer_type(spec) for spec in specs], num_stages), \
+            [1] * len(specs)
     method = args.pp_partition_method
     if method == "uniform":
         return ds_utils.partition_uniform(num_items=len(names), num_parts=num_stages), [1] * len(names)
+    if method == "parameters":
+        weights = [layer_params(args, name) for name in names]
+        return ds_utils.partition_balanced(weights=weights, num_parts=num_stages), weights
     pattern = re.compile(method[len("type:"):], re.IGNORECASE)
     weights = [1 if pattern.search(name) else 0 for name in names]
     return ds_utils.partition_balanced(weights=weights, num_parts=num_stages), weights
+
+
+def layer_params(args, name):
+    """The trainable parameters of one pipeline layer on one tensor rank, as DeepSpeed's 'parameters' method
+    counts them (it builds each layer; a tied layer counts as the whole embedding wherever it is used)."""
+    tp, hidden = args.tensor_model_parallel_size, args.hidden_size
+    vocab = args.padded_vocab_size // tp * hidden
+    if name == "EmbeddingPipe":
+        learned_positions = args.add_position_embedding and not args.use_rotary_position_embeddings
+        return vocab + (args.max_position_embeddings * hidden if learned_positions else 0)
+    if name == "LMHeadPipe":
+        return vocab
+    norm = hidden if args.normalization == "rmsnorm" else 2 * hidden  # LayerNorm has a bias
+    if name in ("LayerNorm", "RMSNorm", "FusedLayerNorm"):
+        return norm
+    bias = int(args.add_bias_linear)
+    query, key_value = args.num_attention_heads * args.kv_channels, args.num_key_value_heads * args.kv_channels
+    qkv = (query + 2 * key_value) // tp  # column-parallel: weight and bias split
+    ffn = args.ffn_hidden_size // tp
+    up = (2 if args.swiglu else 1) * ffn
+    # row-parallel (dense, dense_4h_to_h): the weight split, the bias whole
+    return 2 * norm + (hidden + bias) * qkv + query // tp * hidden + bias * hidden + (hidden + bias) * up \
+        + ffn * hidden + bias * hidden
 
 
 def transformer_layers_per_stage(args):
@@ -80,7 +113,8 @@ UPSTREAM_LAYER_FILE_OFFSET = 1
 
 class GPTModelPipe(PipelineModule):
     """Stages cut by --pp-partition-method (default: balance the transformer layers; Megatron-DeepSpeed's
-    'type:transformer|embedding' also weighs the embedding and the LM head)."""
+    'type:transformer|embedding' also weighs the embedding and the LM head), or where a profiled run says
+    (--pp-partition-from-profile)."""
 
     def __init__(self, args):
         block = recompute_block_layers(args)
@@ -90,10 +124,13 @@ class GPTModelPipe(PipelineModule):
         # embedding, the final norm or the LM head is run without checkpointing).
         interval = 1 if block else args.checkpoint_num_layers if args.checkpoint_activations else 0
         super().__init__(layers=pipeline_layer_specs(args), loss_fn=gpt_loss, topology=mpu.get_topology(),
-                         partition_method=args.pp_partition_method,
+                         partition_method=partition_method(args),
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
         self.recompute_block_layers = block
+        expected, _ = stage_boundaries(args, self.num_stages)
+        if list(self.parts) != list(expected):  # the analytic FLOPs and the flag checks read stage_boundaries
+            raise RuntimeError(f"DeepSpeed cut the layers at {list(self.parts)}, stage_boundaries() at {expected}")
 
     # Upstream's GPTModelPipe has a dtype-cast function as its first layer, so its layer files are
     # numbered one above this model's specs: name them as upstream does, and either side's pipeline
@@ -111,6 +148,11 @@ class GPTModelPipe(PipelineModule):
             return True
         first = min(f.layer_number for f in self.forward_funcs if isinstance(f, ParallelTransformerLayer))
         return all(f.layer_number - first < self.recompute_block_layers for f in funcs)
+
+
+def partition_method(args):
+    """DeepSpeed's partition_method for --pp-partition-method, or 'profile:REPORT' (--pp-partition-from-profile)."""
+    return f"profile:{args.pp_partition_from_profile}" if args.pp_partition_from_profile else args.pp_partition_method
 
 
 def recompute_block_layers(args):

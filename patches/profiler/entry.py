@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from patches.profiler.engine_hooks import InstructionTimer
+from patches.profiler.layers import stage_layers
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleProfiler
 
@@ -27,6 +28,8 @@ class RankEntry:
     calls_differ: list = field(default_factory=list)  # ModuleProfiler.adopt_counts(): calls unlike the counted ones
     schedule: Optional[str] = None  # the pipeline schedule's class (EngineHooks.schedule); None on a plain engine
     invisible_attention: list = field(default_factory=list)  # ModuleProfiler.invisible_attention()
+    layers: Optional[list] = None  # layers.stage_layers(): this stage's layers of a PipelineModule, else None
+    parts: Optional[list] = None  # the PipelineModule's stage boundaries (PipelineModule.parts)
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
 
@@ -45,7 +48,8 @@ def build_rank_entry(layout: EngineLayout, module: torch.nn.Module, module_profi
     uncounted = [asdict(op) for op in module_profiler.uncounted_ops()]
     return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree, instructions.as_dict(),
                      train_batch_s, peak_memory_bytes, events, uncounted, counted_iteration, list(calls_differ or []),
-                     schedule, module_profiler.invisible_attention())
+                     schedule, module_profiler.invisible_attention(), stage_layers(module, layout.stage),
+                     [int(part) for part in getattr(module, "parts", None) or []] or None)
 
 
 def _annotate_replicated_params(module, node):

@@ -53,11 +53,18 @@ NOTES = {
               "(pp - 1) / (3 * micro-batches + pp - 1) with F = B = W; "
               "wait for the bounding stage = its fwd + bwd + step - the stage's",
     "clock_sync": CLOCK_SYNC,
+    "partition_plan": "partition plan = the contiguous partition of the measured layers (forward + backward + "
+                      "recompute seconds each, each stage position keeping the work no layer accounts for) that "
+                      "minimises the largest stage; predicted iteration = sum(t_s) + (micro-batches - 1) * max(t_s) "
+                      "with t_s a stage's time per micro-batch (DeepSpeed's 1F1B), plus what that model leaves out "
+                      "of the measured iteration",
     "stragglers": "stragglers = per stage, each replica's train_batch, fwd, bwd and comm+wait time (its slowest "
                   "tp rank's) over all data-parallel replicas: min, median, max and the slowest replica's ranks",
 }
 
 # Captions of the printer's tables.
 STAGE_TABLE_CAPTION = "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"
+LAYER_TABLE_CAPTION = ("Layers (the PipelineModule's, per iteration, on the stage that ran them; a plain function "
+                       "layer's work is its stage's; the plan: contiguous, no stage empty, smallest bound):")
 STRAGGLER_TABLE_CAPTION = ("Stragglers (per stage, over the data-parallel replicas; a replica's time is its slowest "
                            "tp rank's):")

@@ -1,6 +1,6 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
-from patches.profiler.notes import STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
+from patches.profiler.notes import LAYER_TABLE_CAPTION, STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
 
@@ -270,6 +270,35 @@ def _bubble(report):
     return lines
 
 
+def _layers(report):
+    """Each layer's work per iteration, and the partition the measured layers ask for."""
+    rows = report.get("layers")
+    if not rows:
+        return []
+    table = [[row["index"], row["type"], row["stage"], duration_to_string(row["fwd_latency_s"]),
+              duration_to_string(row["bwd_latency_s"]), duration_to_string(row["recompute_latency_s"]),
+              number_to_string(row["fwd_flops"] + row["bwd_flops"] + row["recompute_flops"]),
+              params_to_string(row["params"])] for row in rows]
+    lines = ["", LAYER_TABLE_CAPTION]
+    lines += _table(["layer", "type", "stage", "fwd", "bwd", "recompute", "flops", "params"], table)
+    plan = report.get("partition_plan")
+    if plan:
+        lines.append("  " + plan_line(plan))
+    return lines
+
+
+def plan_line(plan: dict) -> str:
+    """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...'."""
+    current = (f"stage {plan['current_bounding_stage']} bounds at {duration_to_string(plan['current_bound_s'])} "
+               f"with parts {plan['current_parts']}")
+    if plan["parts"] == plan["current_parts"]:
+        return f"partition: {current}, already the best contiguous one for these layers' measured times"
+    return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
+            f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
+            f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
+            f"{100 * plan['predicted_change']:+.1f}%")
+
+
 def _stragglers(report: dict) -> list:
     """Each stage's timings over the data-parallel replicas (absent from schema version 1 reports)."""
     view = report.get("stragglers")
@@ -375,6 +404,7 @@ def format_report(report: dict, module_depth: int = -1, top_modules: int = 1, de
     lines += _summary(report)
     lines += _stage_table(report)
     lines += _bubble(report)
+    lines += _layers(report)
     lines += _stragglers(report)
     lines += _instruction_tables(report)
     lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]

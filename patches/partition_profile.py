@@ -1,0 +1,115 @@
+"""DeepSpeed's `PipelineModule(partition_method='profile')`, which raises NotImplementedError in every release, made
+to cut the layers where a measured run says.
+
+    PipelineModule(layers, num_stages=2, partition_method="profile:profiles/flops_profile_step3.json")
+    PipelineModule(layers, num_stages=2, partition_method="profile")   # the report in $DS_PIPE_PARTITION_PROFILE
+
+The report is the profiler's JSON (flops_profile_stepN.json) of a run of the same layers: its per-layer table
+gives each layer's measured forward, backward and recompute seconds, and the planner (profiler/partition.py)
+cuts them into this module's num_stages, contiguous, no stage empty, the slowest stage as fast as it can be;
+num_stages may differ from the profiled run's. One line on global rank 0 names the parts used. A report of
+another model (another number of layers, or other layer types) is refused with PatchConfigError, one line.
+Megatron runs name the report with --pp-partition-from-profile (megatron_flags.py), which cuts every
+PipelineModule of the run this way whatever partition_method its code passes (use_for_every_pipeline).
+Other methods are DeepSpeed's own, unchanged. Every rank reads the same report and plans the same parts:
+nothing is exchanged.
+"""
+import json
+import os
+from typing import List, Optional
+
+from deepspeed.runtime.pipe.module import PipelineModule
+
+from patches.errors import PatchConfigError
+from patches.profiler.layers import layer_types
+from patches.profiler.report import plan_from_table
+
+WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
+METHOD = "profile"
+ENVIRONMENT = "DS_PIPE_PARTITION_PROFILE"
+
+_every_pipeline = {"report": None}  # --pp-partition-from-profile
+
+
+def requires():
+    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds")]
+
+
+def install():
+    original = PipelineModule._partition_layers
+
+    def _partition_layers(self, method="uniform"):
+        """DeepSpeed gap: partition_method='profile' raises NotImplementedError in every release."""
+        report = _every_pipeline["report"] or report_named_by(method)
+        if report is None:
+            return original(self, method)
+        self.parts = profiled_parts(report, layer_types(self), self.num_stages)
+        if self.global_rank == 0:
+            print(f"> partition_method 'profile' ({report}): parts {self.parts}, planned from its measured layers",
+                  flush=True)
+        self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
+
+    _partition_layers.__wrapped__ = original
+    PipelineModule._partition_layers = _partition_layers
+
+
+def use_for_every_pipeline(report: Optional[str]) -> None:
+    """Cut every PipelineModule built from now on by this report, whatever its partition_method (None: stop)."""
+    _every_pipeline["report"] = report
+
+
+def report_named_by(method: str) -> Optional[str]:
+    """The report a partition_method names: 'profile:PATH', or 'profile' with $DS_PIPE_PARTITION_PROFILE; None for
+    DeepSpeed's own methods."""
+    if not isinstance(method, str) or method.split(":", 1)[0].lower() != METHOD:
+        return None
+    path = method.split(":", 1)[1] if ":" in method else os.environ.get(ENVIRONMENT)
+    if not path:
+        raise PatchConfigError(f"partition_method 'profile' needs a profile report: 'profile:PATH' or ${ENVIRONMENT}")
+    return path
+
+
+def profiled_parts(report_path: str, types: List[str], stages: int) -> List[int]:
+    """The boundaries of `stages` stages the report's measured layers ask for. PatchConfigError where the report
+    cannot be read or profiles another model than `types` (this PipelineModule's layer types, in order)."""
+    report = read_report(report_path)
+    layers = report.get("layers")
+    if not layers:
+        raise PatchConfigError(f"the profile report {report_path} has no layer table (a PipelineModule's run "
+                               "profiled by this profiler has one): it cannot plan a partition")
+    theirs = [row["type"] for row in layers]
+    if theirs != types:
+        differ = next((i for i, (a, b) in enumerate(zip(theirs, types)) if a != b), min(len(theirs), len(types)))
+        raise PatchConfigError(
+            f"the profile report {report_path} profiles another model: {len(theirs)} layers against this "
+            f"PipelineModule's {len(types)}, the first difference at layer {differ} "
+            f"({theirs[differ] if differ < len(theirs) else 'none'} there, "
+            f"{types[differ] if differ < len(types) else 'none'} here)")
+    if stages > len(layers):
+        raise PatchConfigError(f"the profile report {report_path} has {len(layers)} layers: too few for {stages} "
+                               "pipeline stages")
+    return plan_of(report, stages)["parts"]
+
+
+def plan_of(report: dict, stages: Optional[int] = None) -> dict:
+    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it."""
+    plan = report.get("partition_plan") or {}
+    parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
+    overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
+    iter_s = report["totals"]["throughput_iter_s"]
+    return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages)
+
+
+def _parts_from_layers(layers):
+    stages = max(row["stage"] for row in layers) + 1
+    return [min(row["index"] for row in layers if row["stage"] == s) for s in range(stages)] + [len(layers)]
+
+
+def read_report(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as error:
+        raise PatchConfigError(f"the profile report {path} cannot be read: {error.strerror}") from None
+    except ValueError as error:
+        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {error}") from None

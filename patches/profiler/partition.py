@@ -1,0 +1,96 @@
+"""Where to cut a pipeline: the contiguous partition of a PipelineModule's layers that a measured run says is best.
+
+A report's `layers` (report.py) hold each layer's measured forward, backward and recompute seconds per
+iteration, on the stage that ran it; each stage's `overhead_s` is the work of its ForwardPass and
+BackwardPass instructions that no layer accounts for (the loss on the last stage, the stage module's own
+glue). The plan:
+
+1. costs: each layer's seconds, as measured; each stage position keeps its overhead (the loss stays on
+   the last stage whatever layers it gets);
+2. the partition: contiguous, no stage empty, minimising the largest stage load (a stage's per-iteration
+   compute, the bound of DeepSpeed's 1F1B schedule); among partitions with the same bound, the one whose
+   loads, sorted from the largest, are the smallest (so the second-slowest stage is as fast as it can be,
+   and so on); then the earliest boundaries;
+3. the prediction, by DeepSpeed's 1F1B schedule with m micro-batches and per-micro-batch stage times t_s:
+   one micro-batch crosses every stage forward and backward, and the other m - 1 follow at the pace of the
+   slowest stage: model(t) = sum(t_s) + (m - 1) * max(t_s). What the model leaves out (messages, the
+   optimizer step, loading data) is the measured iteration's time minus the model of the partition that
+   ran, and is added unchanged: predicted = model(new) + (measured - model(current)).
+"""
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer of a PipelineModule as one iteration of a run measured it."""
+    index: int  # its place in the PipelineModule's layer list
+    type: str
+    stage: int  # the stage that ran it
+    seconds: float  # forward + backward + recompute, per iteration
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A partition of the layers over the stages, and what it predicts."""
+    parts: List[int]  # DeepSpeed's PipelineModule.parts: stage s holds layers parts[s] .. parts[s + 1] - 1
+    stage_s: List[float]  # each stage's compute per iteration: its layers and its position's overhead
+    bound_s: float  # the largest stage_s
+    predicted_iter_s: float
+    predicted_bubble: float  # each stage's idle fraction, averaged: 1 - mean(stage_s) / (m * iteration's t)
+
+
+def _loads(costs, parts, overheads):
+    return [sum(costs[parts[s]:parts[s + 1]]) + overheads[s] for s in range(len(parts) - 1)]
+
+
+def balanced_parts(costs: Sequence[float], stages: int, overheads: Optional[Sequence[float]] = None) -> List[int]:
+    """The contiguous partition of `costs` into `stages` non-empty parts whose loads (a part's costs plus its
+    position's overhead), sorted from the largest, are lexicographically smallest: the largest load as small as
+    it can be, then the second largest, and so on; ties broken by the earliest boundaries."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"cannot cut {n} layers into {stages} non-empty stages")
+    overheads = list(overheads) if overheads is not None else [0.0] * stages
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    # best[k][i]: (the sorted-descending loads, the boundaries) of the first i layers cut into k stages
+    best: List[List[Optional[Tuple[tuple, tuple]]]] = [[None] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = ((), (0,))
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                if best[k - 1][j] is None:
+                    continue
+                loads, bounds = best[k - 1][j]
+                load = prefix[i] - prefix[j] + overheads[k - 1]
+                candidate = (tuple(sorted(loads + (load,), reverse=True)), bounds + (i,))
+                if best[k][i] is None or candidate < best[k][i]:
+                    best[k][i] = candidate
+    return list(best[stages][n][1])
+
+
+def model_iter_s(stage_s: Sequence[float], micro_batches: int) -> float:
+    """DeepSpeed's 1F1B: one micro-batch through every stage, the other m - 1 at the slowest stage's pace."""
+    per_micro_batch = [seconds / micro_batches for seconds in stage_s]
+    return sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
+
+
+def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: Sequence[float],
+         measured_iter_s: float, micro_batches: int, stages: Optional[int] = None) -> Plan:
+    """The best contiguous partition of `layers` (in index order) into `stages` (default: as many as ran), and the
+    iteration time it predicts (see the module docstring). overhead_s: each stage position's compute that no
+    layer accounts for, as measured (for another number of stages: the first's and the last's kept at the
+    ends, none in between)."""
+    costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
+    ran = len(current_parts) - 1
+    stages = stages or ran
+    overheads = list(overhead_s) if stages == ran else \
+        [overhead_s[0]] + [0.0] * (stages - 2) + [overhead_s[-1]] if stages > 1 else [sum(overhead_s)]
+    unmodelled = measured_iter_s - model_iter_s(_loads(costs, list(current_parts), list(overhead_s)), micro_batches)
+    parts = balanced_parts(costs, stages, overheads)
+    stage_s = _loads(costs, parts, overheads)
+    predicted = model_iter_s(stage_s, micro_batches) + unmodelled
+    bubble = 1 - sum(stage_s) / len(stage_s) / predicted if predicted > 0 else 0.0
+    return Plan(parts, stage_s, max(stage_s), predicted, bubble)

@@ -1,0 +1,75 @@
+"""The partition planner (patches/profiler/partition.py) on synthetic layer costs whose best contiguous partition
+is known: exact boundaries, ties, a layer heavier than a fair share, and against every partition by brute force."""
+import itertools
+import random
+
+import pytest
+
+from patches.profiler.partition import LayerCost, balanced_parts, model_iter_s, plan
+
+
+def brute_force(costs, stages, overheads=None):
+    """Every contiguous partition into non-empty parts; the smallest by (sorted-descending loads, boundaries)."""
+    n = len(costs)
+    overheads = overheads or [0.0] * stages
+    best = None
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        parts = [0, *cuts, n]
+        loads = tuple(sorted((sum(costs[parts[s]:parts[s + 1]]) + overheads[s] for s in range(stages)),
+                             reverse=True))
+        if best is None or (loads, parts) < best:
+            best = (loads, parts)
+    return best[1]
+
+
+def test_a_known_best_partition():
+    # 8 equal layers and a head worth 4 of them: the head's stage gets few layers
+    assert balanced_parts([1, 1, 1, 1, 1, 1, 1, 1, 4], 2) == [0, 6, 9]  # loads 6 and 6
+    assert balanced_parts([1, 1, 1, 1, 1, 1, 1, 1, 4], 3) == [0, 4, 8, 9]  # loads 4, 4, 4: the head alone
+
+
+def test_a_layer_heavier_than_a_fair_share_gets_a_stage_of_its_own_and_the_rest_is_balanced():
+    # total 20, fair share 5; the 10 bounds every partition, and the other stages split the rest evenly
+    assert balanced_parts([1, 1, 10, 1, 1, 1, 1, 1, 1, 1, 1], 3) == [0, 2, 3, 11]
+    assert balanced_parts([1, 1, 10, 1, 1, 1, 1, 1, 1, 1, 1], 4) == [0, 2, 3, 7, 11]
+
+
+def test_ties_go_to_the_second_largest_load_then_the_earliest_boundaries():
+    # [2, 1, 1, 2] in 2: [2, 1 | 1, 2] (3, 3) beats every other
+    assert balanced_parts([2, 1, 1, 2], 2) == [0, 2, 4]
+    # all equal: the bound is 2 either way; (2, 2, 1) sorted beats (2, 1, 2)? they are equal, so the earliest
+    assert balanced_parts([1, 1, 1, 1, 1], 3) == [0, 1, 3, 5]
+    # the largest load ties at 5; the second largest decides: [5 | 2, 2 | 1] (5, 4, 1) beats [5 | 2 | 2, 1] (5, 3, 2)?
+    # no: sorted descending (5, 4, 1) > (5, 3, 2), so the second wins
+    assert balanced_parts([5, 2, 2, 1], 3) == [0, 1, 2, 4]
+
+
+def test_a_stage_positions_overhead_stays_with_it():
+    # the last stage carries the loss, worth 2 layers: it gets 2 layers, the first 4 (loads 4 and 4)
+    assert balanced_parts([1, 1, 1, 1, 1, 1], 2, overheads=[0, 2]) == [0, 4, 6]
+    assert balanced_parts([1, 1, 1, 1, 1, 1], 2) == [0, 3, 6]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_dynamic_programme_is_the_brute_force(seed):
+    generator = random.Random(seed)
+    n, stages = generator.randint(2, 9), generator.randint(1, 4)
+    stages = min(stages, n)
+    costs = [generator.choice([0.5, 1.0, 1.5, 2.0, 3.0, 8.0]) for _ in range(n)]
+    overheads = [generator.choice([0.0, 0.5, 2.0]) for _ in range(stages)]
+    assert balanced_parts(costs, stages, overheads) == brute_force(costs, stages, overheads)
+
+
+def test_no_empty_stage_and_bad_requests_refused():
+    with pytest.raises(ValueError, match="cannot cut 2 layers into 3 non-empty stages"):
+        balanced_parts([1, 1], 3)
+
+
+def test_the_prediction_keeps_what_the_model_leaves_out():
+    """1F1B with m micro-batches: sum(t) + (m - 1) max(t); the measured iteration's rest is added unchanged."""
+    assert model_iter_s([4.0, 8.0], 4) == 1 + 2 + 3 * 2
+    layers = [LayerCost(i, "Layer", 0 if i < 3 else 1, seconds) for i, seconds in enumerate([1, 1, 1, 1, 1, 3])]
+    # ran [0, 3, 6]: loads 3 and 5 (+ 1 of loss on the last stage): model 3/2 + 6/2 + 1 * 6/2 = 7.5; measured 9
+    result = plan(layers, [0, 3, 6], overhead_s=[0.0, 1.0], measured_iter_s=9.0, micro_batches=2)
+    assert result.parts == [0, 4, 6] and result.stage_s == [4.0, 5.0] and result.bound_s == 5.0
+    assert result.predicted_iter_s == (2.0 + 2.5 + 2.5) + (9.0 - 7.5)
