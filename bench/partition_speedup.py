@@ -12,7 +12,9 @@ method alike: the default, DeepSpeed's 'parameters' and 'type:transformer|embedd
 other documented choice; here the pattern reads ParallelTransformerLayerPipe|EmbeddingPipe|LMHeadPipe), and
 the plan (--pp-partition-from-profile). Each launch is pretrain_gpt.py under the deepspeed launcher (one thread
 a rank); its time is the median of its log lines' iteration times after the warm-up, and it profiles its
-last iteration, after those, to say which parts it ran. A method's time is the median over the rounds.
+last iteration, after those, to say which parts it ran. A method's time is the median over the rounds. The
+plan's prediction is given twice: from the profiled run that made the plan, and as the median of what each
+round's default run (profiled too) predicts for the same parts; each is compared with the plan's median.
 """
 import argparse
 import json
@@ -27,6 +29,8 @@ from pathlib import Path
 # A script: its own directory is on sys.path, so the sibling harness imports by name.
 from harness import free_port, load, machine, table
 
+from patches.partition_profile import plan_of
+
 REPO = Path(__file__).resolve().parents[1]
 
 # hidden 128, 8 layers: a transformer layer does ~0.5 MFLOPs a token forward, the LM head over 16,384 words
@@ -35,7 +39,8 @@ UNBALANCED = {"hidden": 128, "heads": 4, "layers": 8, "seq": 128, "micro_batch":
               "vocab": 16384}
 TINY = {"hidden": 32, "heads": 4, "layers": 4, "seq": 16, "micro_batch": 2, "micro_batches": 4, "vocab": 2048}
 DEFAULT = "type:ParallelTransformerLayerPipe"
-METHODS = {"default (type:transformer)": DEFAULT, "parameters": "parameters",
+DEFAULT_NAME = "default (type:transformer)"
+METHODS = {DEFAULT_NAME: DEFAULT, "parameters": "parameters",
            "type:transformer|embedding": "type:ParallelTransformerLayerPipe|EmbeddingPipe|LMHeadPipe"}
 PLANNED = "planned from the profile"
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+)")
@@ -83,30 +88,38 @@ def measure(shape, pp, rounds, iterations, warmup, work):
     runs = {name: ["--pp-partition-method", method] for name, method in METHODS.items()}
     runs[PLANNED] = ["--pp-partition-from-profile", str(plan_path)]
     measured = {name: [] for name in runs}
-    parts = {}
+    parts, predictions = {}, []
     for round_ in range(rounds):
         for name, flags in runs.items():
             out = work / f"pp{pp}_round{round_}_{list(runs).index(name)}"
             times, run_report = launch(shape, pp, iterations, flags, out)
             measured[name].append(steady_ms(times, warmup, iterations))
             parts[name] = run_report["partition_plan"]["current_parts"]
+            if name == DEFAULT_NAME:  # its profile predicts the plan anew, from this round's measurement
+                predictions.append(plan_of(run_report, cut_at=plan["parts"])["predicted_iter_s"] * 1000)
             print(f"  round {round_ + 1}/{rounds} {name}: parts {parts[name]}, "
                   f"{measured[name][-1]:.1f} ms", flush=True)
-    return plan, parts, measured
+    return plan, parts, measured, predictions
 
 
-def print_results(pp, plan, parts, measured, shape):
-    default_ms = statistics.median(measured["default (type:transformer)"])
+def print_results(pp, plan, parts, measured, predictions, shape):
+    """One table: each partition's median; the plan's prediction, from the profiled run and from every round's
+    default run (the median of those), against the plan's measured median."""
+    default_ms = statistics.median(measured[DEFAULT_NAME])
+    planned_ms = statistics.median(measured[PLANNED])
     rows = []
     for name, times in measured.items():
         ms = statistics.median(times)
-        predicted = plan["predicted_iter_s"] * 1000 if name == PLANNED else None
-        rows.append([name, str(parts[name]), f"{ms:.1f}", f"{ms / default_ms:.3f}",
-                     f"{predicted:.1f}" if predicted else "", f"{predicted / ms - 1:+.1%}" if predicted else ""])
-    print(f"\npp {pp}, {len(next(iter(measured.values())))} rounds; the profiled run (default partition) measured "
-          f"{plan['measured_iter_s'] * 1000:.1f} ms an iteration and planned parts {plan['parts']} "
-          f"({plan['predicted_change']:+.1%} predicted); shape {shape}")
-    print(table(["partition", "parts", "median ms/iter", "/ default", "predicted ms", "prediction error"], rows))
+        rows.append([name, str(parts[name]), f"{ms:.1f}", f"{ms / default_ms:.3f}"])
+    profiled = plan["predicted_iter_s"] * 1000
+    print(f"\npp {pp}, {len(measured[PLANNED])} rounds; shape {shape}")
+    print(table(["partition", "parts", "median ms/iter", "/ default"], rows))
+    print(f"the plan {plan['parts']}, predicted by the profiled run (its default partition measured "
+          f"{plan['measured_iter_s'] * 1000:.1f} ms): {profiled:.1f} ms ({profiled / planned_ms - 1:+.1%} off the "
+          f"plan's measured {planned_ms:.1f} ms)")
+    median = statistics.median(predictions)
+    print(f"predicted by each round's default run: median {median:.1f} ms ({median / planned_ms - 1:+.1%} off), "
+          f"from {min(predictions):.1f} to {max(predictions):.1f} ms")
 
 
 def main():
@@ -123,8 +136,8 @@ def main():
     print(machine(), flush=True)
     with tempfile.TemporaryDirectory(prefix="partition_speedup_") as work:
         for pp in pps:
-            plan, parts, measured = measure(shape, pp, rounds, iterations, warmup, Path(work))
-            print_results(pp, plan, parts, measured, shape)
+            plan, parts, measured, predictions = measure(shape, pp, rounds, iterations, warmup, Path(work))
+            print_results(pp, plan, parts, measured, predictions, shape)
     print(f"after: {load()}")
 
 

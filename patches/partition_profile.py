@@ -91,13 +91,15 @@ def profiled_parts(report_path: str, types: List[str], stages: int) -> List[int]
     return plan_of(report, stages)["parts"]
 
 
-def plan_of(report: dict, stages: Optional[int] = None) -> dict:
-    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it."""
+def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None) -> dict:
+    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it;
+    cut_at: its prediction for these parts instead (a partition the plan did not choose)."""
     plan = report.get("partition_plan") or {}
     parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
     overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
     iter_s = report["totals"]["throughput_iter_s"]
-    return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages)
+    return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
+                           cut_at)
 
 
 def _parts_from_layers(layers):

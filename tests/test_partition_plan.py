@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from patches.profiler.partition import LayerCost, balanced_parts, model_iter_s, plan
+from patches.profiler.partition import LayerCost, balanced_parts, model_iter_s, plan, predict
 
 
 def brute_force(costs, stages, overheads=None):
@@ -73,3 +73,19 @@ def test_the_prediction_keeps_what_the_model_leaves_out():
     result = plan(layers, [0, 3, 6], overhead_s=[0.0, 1.0], measured_iter_s=9.0, micro_batches=2)
     assert result.parts == [0, 4, 6] and result.stage_s == [4.0, 5.0] and result.bound_s == 5.0
     assert result.predicted_iter_s == (2.0 + 2.5 + 2.5) + (9.0 - 7.5)
+
+
+def test_any_partition_is_predicted_by_the_same_model():
+    """predict: the partition of one's choice, by the model plan uses; plan's own parts predict plan's figures."""
+    layers = [LayerCost(i, "Layer", 0 if i < 3 else 1, seconds) for i, seconds in enumerate([1, 1, 1, 1, 1, 3])]
+    measured = dict(current_parts=[0, 3, 6], overhead_s=[0.0, 1.0], measured_iter_s=9.0, micro_batches=2)
+    assert predict(layers, parts=[0, 4, 6], **measured) == plan(layers, **measured)
+    # the partition that ran predicts what was measured
+    assert predict(layers, parts=[0, 3, 6], **measured).predicted_iter_s == 9.0
+    # [0, 5, 6]: loads 5 and 4; model 5/2 + 4/2 + 5/2 = 7 (+ 1.5 not modelled)
+    assert predict(layers, parts=[0, 5, 6], **measured).predicted_iter_s == 7.0 + 1.5
+    # one stage holds everything and the loss: load 9, model 9/2 + 9/2 = 9
+    assert predict(layers, parts=[0, 6], **measured).predicted_iter_s == 9.0 + 1.5
+    for bad in ([0, 3, 3, 6], [1, 6], [0, 7], [0]):
+        with pytest.raises(ValueError, match="do not cut 6 layers into non-empty stages"):
+            predict(layers, parts=bad, **measured)

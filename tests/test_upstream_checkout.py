@@ -373,3 +373,47 @@ def test_checkpoints_resume_on_the_other_side(workdir, pp, tp):
             assert resumed["fork", writer][iteration] == pytest.approx(
                 resumed["upstream", writer][iteration], rel=1e-6, abs=0), (
                 writer, iteration, "upstream's current main computes other losses on CPU (see above)")
+
+
+def test_the_partition_planned_from_a_profile_runs_in_upstream(workdir):
+    """upstream's GPTModelPipe hard-codes type:transformer; its GPT-2 vocabulary's tied LM head weighs as much
+    as dozens of its layers here. A profiled run (saving at iteration 2) plans a partition; run with
+    --pp-partition-from-profile, upstream cuts its layers there (one line names them), the report of the run
+    has them and exactly the first run's FLOPs; its checkpoint's optimizer state is refused under the new
+    parts (one line, exit 2), and with --no-load-optim the weights move exactly: iteration 3's loss is the
+    uninterrupted run's, bitwise."""
+    root = workdir[0]
+    first_out, ckpt = root / "partition_first_profile", root / "partition_ckpt"
+    common = ["--train-iters", 4, "--hidden-dropout", 0, "--attention-dropout", 0]
+    first, first_losses = run_upstream(
+        workdir, "partition_first", 2, 1, via_module=True,
+        extra=common + ["--profile-flops-step", PROFILE_STEP, "--profile-flops-output", first_out,
+                        "--save", ckpt, "--save-interval", 2])
+    assert first.returncode == 0, explain(first)
+    report_path = first_out / f"flops_profile_step{PROFILE_STEP}.json"
+    report = json.loads(report_path.read_text())
+    plan = report["partition_plan"]
+    assert [layer["index"] for layer in report["layers"]] == list(range(plan["current_parts"][-1]))
+    assert plan["parts"] != plan["current_parts"], plan  # the head's stage bounds the iteration
+
+    resume = common + ["--pp-partition-from-profile", report_path, "--load", ckpt]
+    refused, _ = run_upstream(workdir, "partition_refused", 2, 1, via_module=True, extra=resume)
+    assert refused.returncode == 2, explain(refused)
+    errors = [line for line in (refused.stdout + refused.stderr).splitlines() if line.startswith("error:")]
+    assert len(set(errors)) == 1 and f"was saved with pipeline parts {plan['current_parts']}, this run cuts the " \
+        f"layers at {plan['parts']}" in errors[0], explain(refused)
+
+    planned_out = root / "partition_planned_profile"
+    planned, planned_losses = run_upstream(
+        workdir, "partition_planned", 2, 1, via_module=True,
+        extra=resume + ["--no-load-optim", "--profile-flops-step", 4, "--profile-flops-output", planned_out])
+    assert planned.returncode == 0, explain(planned)
+    assert planned.stdout.count(f"> partition_method 'profile' ({report_path}): parts {plan['parts']}") == 1
+    assert planned.stdout.count(f"> checkpoint global_step2: saved with pipeline parts {plan['current_parts']}, "
+                                f"loaded with parts {plan['parts']}") == 1
+    planned_report = json.loads((planned_out / "flops_profile_step4.json").read_text())
+    assert planned_report["partition_plan"]["current_parts"] == plan["parts"]
+    assert report_totals(planned_report) == report_totals(report)
+    assert sorted(first_losses) == [1, 2, 3, 4] and sorted(planned_losses) == [3, 4]
+    assert planned_losses[3] == first_losses[3]  # bitwise: the weights moved exactly
+    assert planned_losses[4] != first_losses[4]  # Adam's moments started afresh

@@ -81,16 +81,34 @@ def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: 
          measured_iter_s: float, micro_batches: int, stages: Optional[int] = None) -> Plan:
     """The best contiguous partition of `layers` (in index order) into `stages` (default: as many as ran), and the
     iteration time it predicts (see the module docstring). overhead_s: each stage position's compute that no
-    layer accounts for, as measured (for another number of stages: the first's and the last's kept at the
-    ends, none in between)."""
+    layer accounts for, as measured (for another number of stages, see _overheads_for)."""
     costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
-    ran = len(current_parts) - 1
-    stages = stages or ran
-    overheads = list(overhead_s) if stages == ran else \
-        [overhead_s[0]] + [0.0] * (stages - 2) + [overhead_s[-1]] if stages > 1 else [sum(overhead_s)]
+    stages = stages or len(current_parts) - 1
+    parts = balanced_parts(costs, stages, _overheads_for(overhead_s, stages))
+    return predict(layers, current_parts, overhead_s, measured_iter_s, micro_batches, parts)
+
+
+def predict(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: Sequence[float],
+            measured_iter_s: float, micro_batches: int, parts: Sequence[int]) -> Plan:
+    """What the run measured (`layers` cut at `current_parts`, `measured_iter_s` an iteration) predicts for the
+    same layers cut at `parts` (any number of stages), by the model of the module docstring."""
+    costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
+    parts = list(parts)
+    if len(parts) < 2 or parts[0] != 0 or parts[-1] != len(costs) or any(a >= b for a, b in zip(parts, parts[1:])):
+        raise ValueError(f"parts {list(parts)} do not cut {len(costs)} layers into non-empty stages")
+    overheads = _overheads_for(overhead_s, len(parts) - 1)
     unmodelled = measured_iter_s - model_iter_s(_loads(costs, list(current_parts), list(overhead_s)), micro_batches)
-    parts = balanced_parts(costs, stages, overheads)
     stage_s = _loads(costs, parts, overheads)
     predicted = model_iter_s(stage_s, micro_batches) + unmodelled
     bubble = 1 - sum(stage_s) / len(stage_s) / predicted if predicted > 0 else 0.0
     return Plan(parts, stage_s, max(stage_s), predicted, bubble)
+
+
+def _overheads_for(overhead_s: Sequence[float], stages: int) -> List[float]:
+    """Each stage position's overhead for `stages` stages: as measured for as many stages as ran; for another
+    number, the first's and the last's kept at the ends, none in between."""
+    if stages == len(overhead_s):
+        return list(overhead_s)
+    if stages == 1:
+        return [sum(overhead_s)]
+    return [overhead_s[0]] + [0.0] * (stages - 2) + [overhead_s[-1]]

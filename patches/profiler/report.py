@@ -36,7 +36,7 @@ from patches.profiler.instructions import (
     schedule_bubble,
 )
 from patches.profiler.notes import NOTES
-from patches.profiler.partition import LayerCost, plan
+from patches.profiler.partition import LayerCost, plan, predict
 from patches.profiler.phases import phase_fields
 from patches.profiler.stragglers import RankSample, straggler_view
 
@@ -497,15 +497,18 @@ def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Opti
 
 
 def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
-                    micro_batches: int, pp: Optional[int] = None) -> Optional[dict]:
-    """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py)."""
+                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None
+                    ) -> Optional[dict]:
+    """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
+    cut_at: the prediction for these parts instead of the best ones."""
     ran = len(parts) - 1
-    pp = pp or ran
+    pp = len(cut_at) - 1 if cut_at else pp or ran
     if len(layers) < pp:
         return None
     costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row)) for row in layers]
     current = [sum(cost.seconds for cost in costs if cost.stage == s) + overheads[s] for s in range(ran)]
-    best = plan(costs, parts, overheads, iter_s, micro_batches, pp)
+    best = predict(costs, parts, overheads, iter_s, micro_batches, cut_at) if cut_at else \
+        plan(costs, parts, overheads, iter_s, micro_batches, pp)
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
             "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
