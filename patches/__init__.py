@@ -58,9 +58,10 @@ def apply() -> None:
         pipeline_checkpoint,
         pipeline_timers,
         section_timers,
+        zero_pipeline_groups,
     )
     for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class, partition_profile,
-                  pipeline_checkpoint):
+                  pipeline_checkpoint, zero_pipeline_groups):
         missing = missing_attributes(patch.requires())
         if missing:
             _say(f"warning: patches: {patch.__name__} is not applied: DeepSpeed {deepspeed.__version__} has no "

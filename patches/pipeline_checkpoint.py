@@ -14,6 +14,7 @@ of ints that a loader not knowing it leaves alone). Loading one under other part
   load_module_only), and one line on global rank 0 says the optimizer state starts afresh.
 A checkpoint without the record (saved without the patches), or of the same parts, loads as DeepSpeed loads it.
 """
+import os
 from typing import List, Optional
 
 import torch
@@ -29,44 +30,54 @@ _drop_optimizer_state = {"across_partitions": False}
 
 
 def requires():
-    return [(DeepSpeedEngine, "save_checkpoint"), (DeepSpeedEngine, "_load_checkpoint"),
+    return [(DeepSpeedEngine, "save_checkpoint"), (DeepSpeedEngine, "load_checkpoint"),
             (DeepSpeedEngine, "_get_all_ckpt_names"), (DeepSpeedEngine, "load_universal_checkpoint")]
 
 
 def install():
-    original_save, original_load = DeepSpeedEngine.save_checkpoint, DeepSpeedEngine._load_checkpoint
+    original_save, original_load = DeepSpeedEngine.save_checkpoint, DeepSpeedEngine.load_checkpoint
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, *args, **kwargs):
         """Records the partition, so that a resume under another one can tell."""
+        client_state = {} if client_state is None else client_state  # DeepSpeed's own default
         parts = _parts(self)
         if parts is not None:
-            client_state = {**(client_state or {}), PARTS_KEY: parts}
+            client_state = {**client_state, PARTS_KEY: parts}
         return original_save(self, save_dir, tag, client_state, *args, **kwargs)
 
-    def _load_checkpoint(self, load_dir, tag, *args, **kwargs):
-        """DeepSpeed gap: per-stage optimizer state loaded into a stage holding other layers."""
+    def load_checkpoint(self, load_dir, tag=None, *args, **kwargs):
+        """DeepSpeed gap: per-stage optimizer state (ZeRO's partitions included) loaded into a stage holding other
+        layers. Decided here, before DeepSpeed's load_checkpoint, which hands load_optimizer_states on to both
+        the model-states load and ZeRO's."""
         options = dict(zip(_LOAD_OPTIONS, args), **kwargs)
-        saved, parts = _saved_parts(self, load_dir, tag), _parts(self)
-        if saved is None or parts is None or saved == parts or self.load_universal_checkpoint():
+        parts = _parts(self)
+        if parts is None or self.load_universal_checkpoint():
+            return original_load(self, load_dir, tag, **options)
+        resolved = tag if tag is not None else _latest_tag(load_dir)
+        saved = _saved_parts(self, load_dir, resolved)
+        if saved is None or saved == parts:
             return original_load(self, load_dir, tag, **options)
         asked = options.get("load_optimizer_states", True) and not options.get("load_module_only", False)
         if asked and not _drop_optimizer_state["across_partitions"]:
             raise PatchConfigError(
-                f"checkpoint {tag} in {load_dir} was saved with pipeline parts {saved}, this run cuts the layers "
-                f"at {parts}: the weights are saved per layer and move, the optimizer state is saved per stage and "
-                "cannot. Resume without it: --no-load-optim (Megatron), or "
+                f"checkpoint {resolved} in {load_dir} was saved with pipeline parts {saved}, this run cuts the "
+                f"layers at {parts}: the weights are saved per layer and move, the optimizer state is saved per "
+                "stage and cannot. Resume without it: --no-load-optim (Megatron), or "
                 "engine.load_checkpoint(..., load_optimizer_states=False) (DeepSpeed)")
-        result = original_load(self, load_dir, tag, **{**options, "load_optimizer_states": False})
+        load_path, client_state = original_load(self, load_dir, tag, **{**options, "load_optimizer_states": False})
+        if isinstance(client_state, dict):
+            client_state.pop("optimizer", None)  # the old stage's state, left in by DeepSpeed when not loaded
         if self.optimizer is not None and hasattr(self.optimizer, "refresh_fp32_params"):
-            self.optimizer.refresh_fp32_params()  # DeepSpeed refreshes the master weights for load_module_only only
+            # fp16/bf16/ZeRO master weights from the loaded ones (DeepSpeed does it for load_module_only only)
+            self.optimizer.refresh_fp32_params()
         if self.global_rank == 0:
-            print(f"> checkpoint {tag}: saved with pipeline parts {saved}, loaded with parts {parts}: its weights "
-                  "move with their layers; its optimizer state, saved per stage, is not loaded and starts afresh",
-                  flush=True)
-        return result
+            print(f"> checkpoint {resolved}: saved with pipeline parts {saved}, loaded with parts {parts}: its "
+                  "weights move with their layers; its optimizer state, saved per stage, is not loaded and starts "
+                  "afresh", flush=True)
+        return load_path, client_state
 
-    save_checkpoint.__wrapped__, _load_checkpoint.__wrapped__ = original_save, original_load
-    DeepSpeedEngine.save_checkpoint, DeepSpeedEngine._load_checkpoint = save_checkpoint, _load_checkpoint
+    save_checkpoint.__wrapped__, load_checkpoint.__wrapped__ = original_save, original_load
+    DeepSpeedEngine.save_checkpoint, DeepSpeedEngine.load_checkpoint = save_checkpoint, load_checkpoint
 
 
 def drop_optimizer_state_across_partitions(drop: bool) -> None:
@@ -76,7 +87,7 @@ def drop_optimizer_state_across_partitions(drop: bool) -> None:
     _drop_optimizer_state["across_partitions"] = bool(drop)
 
 
-# DeepSpeedEngine._load_checkpoint's options after (load_dir, tag), in order
+# DeepSpeedEngine.load_checkpoint's options after (load_dir, tag), in order
 _LOAD_OPTIONS = ("load_module_strict", "load_optimizer_states", "load_lr_scheduler_states", "load_module_only",
                  "custom_load_fn")
 
@@ -88,7 +99,16 @@ def _parts(engine) -> Optional[List[int]]:
     return [int(part) for part in module.parts]
 
 
-def _saved_parts(engine, load_dir: str, tag: str) -> Optional[List[int]]:
+def _latest_tag(load_dir: str) -> Optional[str]:
+    """The tag DeepSpeed loads when given none: its `latest` file's (None without one: DeepSpeed warns)."""
+    try:
+        with open(os.path.join(load_dir, "latest")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _saved_parts(engine, load_dir: str, tag: Optional[str]) -> Optional[List[int]]:
     """The parts a checkpoint recorded (every model-states file records the same), or None: not recorded, or the
     file unreadable here (DeepSpeed's own load then says what is wrong). Memory-mapped: nothing large is read."""
     if tag is None:

@@ -2,11 +2,11 @@
 partitions (tests/scripts/profile_partition.py: 6 Linear(64, 64) and one layer 512 times their work, 2 stages over
 gloo, Adam).
 
-One run measures the model cut 'uniform' ([0, 4, 7]: the heavy layer shares stage 1 with three others); the
-report's plan moves those three to stage 0; a PipelineModule built with 'profile:REPORT' (or 'profile' and
-$DS_PIPE_PARTITION_PROFILE) takes exactly those parts; a model of another layer list is refused in one line. A
-checkpoint saved under [0, 4, 7] resumes under the plan: the weights exactly, the optimizer state refused in one
-line unless left out (then the first loss equals the old partition's own resume, bitwise)."""
+One run measures the model cut 'uniform' ([0, 4, 7]: the heavy layer shares stage 1 with three others) and saves a
+checkpoint; the report's plan moves those three to stage 0; a PipelineModule built with 'profile:REPORT' (or
+'profile' and $DS_PIPE_PARTITION_PROFILE) takes exactly those parts; a model of another layer list is refused in
+one line. A checkpoint saved under [0, 4, 7] resumes under the plan: the weights exactly, the optimizer state
+refused in one line unless left out (then the first loss equals the old partition's own resume, bitwise)."""
 import json
 import os
 
@@ -64,15 +64,12 @@ def test_the_report_plans_the_heavy_layer_a_stage_of_its_own(measured, out):
 
 @pytest.mark.launch
 def test_partition_method_profile_takes_the_reports_plan(measured, out):
-    process = run(out, "profile")
+    process = run(out, "profile", env={"DS_PIPE_PARTITION_PROFILE": str(out / "report.json")})
     assert process.returncode == 0, explain(process)
-    assert result(out, "profile")["parts"] == measured["partition_plan"]["parts"]
-    line = f"> partition_method 'profile' ({out / 'report.json'}): parts {measured['partition_plan']['parts']}"
-    assert process.stdout.count(line) == 1  # global rank 0 only
-
-    process = run(out, "profile_env", env={"DS_PIPE_PARTITION_PROFILE": str(out / "report.json")})
-    assert process.returncode == 0, explain(process)
-    assert result(out, "profile_env")["parts"] == measured["partition_plan"]["parts"]
+    planned = measured["partition_plan"]["parts"]
+    assert result(out, "profile") == {"file": planned, "environment": planned}
+    line = f"> partition_method 'profile' ({out / 'report.json'}): parts {planned}"
+    assert process.stdout.count(line) == 2  # one a PipelineModule, on global rank 0 only
 
 
 @pytest.mark.launch
@@ -88,7 +85,7 @@ def test_a_report_of_another_model_is_refused_in_one_line(measured, out):
 @pytest.fixture(scope="module")
 def resumed(measured, out):
     runs = {}
-    for mode in ("save", "resume_uniform", "resume_profile", "resume_profile_no_optim"):
+    for mode in ("resume_uniform", "resume_profile", "resume_profile_no_optim"):
         process = run(out, mode, via_patches_launch=True)
         runs[mode] = process
         assert process.returncode == (EXIT_BAD_INPUT if mode == "resume_profile" else 0), explain(process)
@@ -112,7 +109,7 @@ def test_a_checkpoint_resumes_under_another_partition_without_its_optimizer_stat
     same, moved = result(out, "resume_uniform")["losses"], result(out, "resume_profile_no_optim")["losses"]
     assert moved[0] == same[0]  # computed from the loaded weights alone, bitwise
     assert moved[1] != same[1]  # Adam's moments start afresh: the second step differs
-    assert same == result(out, "save")["losses"][2:]  # the old partition's resume is the uninterrupted run
+    assert same == result(out, "measure")["losses"][2:]  # the old partition's resume is the uninterrupted run
     line = (f"> checkpoint global_step2: saved with pipeline parts {UNIFORM}, loaded with parts {planned}: its "
             "weights move with their layers; its optimizer state, saved per stage, is not loaded and starts afresh")
     assert resumed["resume_profile_no_optim"].stdout.count(line) == 1

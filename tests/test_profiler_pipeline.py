@@ -203,7 +203,8 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
 
 
 def test_config_section_on_a_plain_deepspeed_engine(tmp_path):
-    """pp=1: the section gives the same gathered report (both data-parallel ranks profiled, one printed)."""
+    """pp=1: the section gives the same gathered report (both data-parallel ranks profiled, one printed); the
+    script's checkpoint, saved without a client state and loaded, goes through the patched save and load."""
     report_file = tmp_path / "flops_report.txt"
     config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
               "steps_per_print": 1000,
@@ -221,6 +222,7 @@ def test_config_section_on_a_plain_deepspeed_engine(tmp_path):
     fwd = 2 * (2 * 2 * 32 * 128) * 2
     assert re.search(r"fwd flops of model:\s+" + re.escape(number_to_string(fwd)) + r"\s*$", text, re.M), text
     assert re.search(r"ForwardPass\s+2\s", text) and re.search(r"BackwardPass\s+2\s", text)
+    assert (tmp_path / "checkpoint" / "global_step3").is_dir()  # the patched save_checkpoint, no client state
 
 
 def test_shapes_that_change_unforeseen_are_counted_in_the_iteration_reported(tmp_path):

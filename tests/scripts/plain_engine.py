@@ -1,5 +1,6 @@
 """A plain DeepSpeedEngine script (no pipeline, no megatron code but the patches) with the
-DeepSpeed config's flops_profiler section enabled; the report goes to output_file."""
+DeepSpeed config's flops_profiler section enabled; the report goes to output_file. Then a checkpoint saved and
+loaded as DeepSpeed's API allows (no client state, the latest tag) in ./checkpoint."""
 
 import deepspeed
 import torch
@@ -21,6 +22,9 @@ def main():
             loss = torch.nn.functional.mse_loss(engine(x), x)
             engine.backward(loss)
             engine.step()
+    engine.save_checkpoint("checkpoint")  # the patched save, on an engine without pipeline parts
+    load_path, _ = engine.load_checkpoint("checkpoint")
+    assert load_path is not None
 
 
 if __name__ == "__main__":

@@ -4,15 +4,15 @@ partition_method='profile' (patches/partition_profile.py), trained with Adam, an
 
     python profile_partition.py MODE OUT_DIR CONFIG
 
-MODE "measure": partition 'uniform'; batch 2 profiled by PipelineFlopsProfiler, its report written to
-    OUT_DIR/report.json.
-MODE "profile": partition_method='profile:OUT_DIR/report.json' (the report of the run above).
-MODE "profile_env": partition_method='profile', the report named by $DS_PIPE_PARTITION_PROFILE.
+MODE "measure": partition 'uniform'; 4 batches, a checkpoint in OUT_DIR/checkpoint after the second, the third
+    profiled by PipelineFlopsProfiler, its report written to OUT_DIR/report.json.
+MODE "profile": partition_method='profile:OUT_DIR/report.json' (the report of the run above), then, in another
+    PipelineModule, partition_method='profile' with the report named by $DS_PIPE_PARTITION_PROFILE; no training.
 MODE "other_model": partition_method='profile:OUT_DIR/report.json' on a model with one layer more (refused).
-MODE "save": partition 'uniform'; 2 batches, a checkpoint in OUT_DIR/checkpoint, 2 batches more.
 MODE "resume_uniform", "resume_profile": that partition, the checkpoint loaded (with its optimizer state), 2
     batches; "resume_profile_no_optim": load_optimizer_states=False.
-Global rank 0 writes OUT_DIR/MODE.json: the parts the PipelineModule was cut into, and the losses; a resume
+Global rank 0 writes OUT_DIR/MODE.json: the parts the PipelineModule was cut into, and the losses ("profile":
+the parts of each module, {"file": ..., "environment": ...}); a resume
 writes each rank's loaded parameters' sums (float64, by their global names) to OUT_DIR/MODE_params_RANK.json.
 """
 import json
@@ -57,8 +57,13 @@ def main():
     mode, out_dir = sys.argv[-3], Path(sys.argv[-2])
     config = start_patched_gloo_run()
     report = f"profile:{out_dir / 'report.json'}"
-    method = {"measure": "uniform", "profile": report, "profile_env": "profile", "other_model": report,
-              "save": "uniform", "resume_uniform": "uniform", "resume_profile": report,
+    if mode == "profile":
+        parts = {origin: [int(p) for p in PipelineModule(layers=layers(), num_stages=2, partition_method=method).parts]
+                 for origin, method in (("file", report), ("environment", "profile"))}
+        if torch.distributed.get_rank() == 0:
+            (out_dir / f"{mode}.json").write_text(json.dumps(parts))
+        return
+    method = {"measure": "uniform", "other_model": report, "resume_uniform": "uniform", "resume_profile": report,
               "resume_profile_no_optim": report}[mode]
     module = PipelineModule(layers=layers(extra=1 if mode == "other_model" else 0), num_stages=2,
                             loss_fn=torch.nn.MSELoss(), partition_method=method)
@@ -74,7 +79,7 @@ def main():
         (out_dir / f"{mode}_params_{rank}.json").write_text(json.dumps(sums))
     data = batches(config["train_micro_batch_size_per_gpu"], first_batch * per_batch)
     losses = []
-    for batch in range(first_batch, first_batch + (2 if mode.startswith("resume") else 4 if mode == "save" else 3)):
+    for batch in range(first_batch, 4):
         profiler = PipelineFlopsProfiler(engine) if mode == "measure" and batch == 2 else None
         if profiler is not None:
             profiler.start_profile()
@@ -83,7 +88,7 @@ def main():
             profiler.stop_profile()
             profiler.write_json(str(out_dir / "report.json"))
             profiler.end_profile()
-        if mode == "save" and batch == 1:
+        if mode == "measure" and batch == 1:
             engine.save_checkpoint(str(out_dir / "checkpoint"), tag="global_step2")
     if torch.distributed.get_rank() == 0:
         (out_dir / f"{mode}.json").write_text(json.dumps({"parts": [int(p) for p in module.parts],
