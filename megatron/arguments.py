@@ -468,6 +468,8 @@ def _validate_partition(args, pp):
     this model."""
     method = args.pp_partition_method
     if args.pp_partition_from_profile is not None:
+        _require(not args.no_pipeline_parallel, "--pp-partition-from-profile cuts a pipeline's layers: "
+                                                "--no-pipeline-parallel builds none")
         _require(method == DEFAULT_PARTITION_METHOD, f"--pp-partition-from-profile and --pp-partition-method "
                                                      f"{method!r} both choose the partition: give one")
         from megatron.model.gpt_model import stage_boundaries

@@ -11,28 +11,33 @@ num_stages may differ from the profiled run's. One line on global rank 0 names t
 another model (another number of layers, or other layer types) is refused with PatchConfigError, one line.
 Megatron runs name the report with --pp-partition-from-profile (megatron_flags.py), which cuts every
 PipelineModule of the run this way whatever partition_method its code passes (use_for_every_pipeline).
-Other methods are DeepSpeed's own, unchanged. Every rank reads the same report and plans the same parts:
-nothing is exchanged.
+Other methods are DeepSpeed's own, unchanged. Every rank reads the report and plans; the ranks then compare what
+they planned through the default group's store (agreed_parts), so that a report missing on one node, or
+another report on another, stops every rank in one line.
 """
 import json
 import os
+import pickle
 from typing import List, Optional
 
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from patches.errors import PatchConfigError
 from patches.profiler.layers import layer_types
-from patches.profiler.report import plan_from_table
+from patches.profiler.report import plan_from_table, shared_on_one_stage
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
 ENVIRONMENT = "DS_PIPE_PARTITION_PROFILE"
 
 _every_pipeline = {"report": None}  # --pp-partition-from-profile
+_modules_built = {"count": 0}  # every rank builds its PipelineModules in the same order: the n-th one's keys match
 
 
 def requires():
-    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds")]
+    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds"), (c10d, "_get_default_store")]
 
 
 def install():
@@ -40,10 +45,15 @@ def install():
 
     def _partition_layers(self, method="uniform"):
         """DeepSpeed gap: partition_method='profile' raises NotImplementedError in every release."""
-        report = _every_pipeline["report"] or report_named_by(method)
-        if report is None:
+        if _every_pipeline["report"] is None and not names_a_profile(method):  # the same answer on every rank
             return original(self, method)
-        self.parts = profiled_parts(report, layer_types(self), self.num_stages)
+        report = _every_pipeline["report"]
+        try:
+            report = report or report_named_by(method)
+            parts, error = profiled_parts(report, layer_types(self), self.num_stages), None
+        except PatchConfigError as problem:
+            parts, error = None, str(problem)
+        self.parts = agreed_parts(report, parts, error)
         if self.global_rank == 0:
             print(f"> partition_method 'profile' ({report}): parts {self.parts}, planned from its measured layers",
                   flush=True)
@@ -58,10 +68,43 @@ def use_for_every_pipeline(report: Optional[str]) -> None:
     _every_pipeline["report"] = report
 
 
+def names_a_profile(method) -> bool:
+    return isinstance(method, str) and method.split(":", 1)[0].lower() == METHOD
+
+
+def agreed_parts(report: Optional[str], parts: Optional[List[int]], error: Optional[str]) -> List[int]:
+    """The parts every rank planned, once all have: each rank publishes its parts (or its error) under its own key
+    of the default group's store and reads every other rank's, so a report unreadable on some nodes stops every
+    rank in the same line instead of leaving the others in DeepSpeed's next collective."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        if error is not None:
+            raise PatchConfigError(error)
+        return parts
+    _modules_built["count"] += 1
+    store, rank, world = c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
+    key = f"patches/partition_profile/module{_modules_built['count']}/rank{{}}"
+    store.set(key.format(rank), pickle.dumps((parts, error)))
+    keys = [key.format(other) for other in range(world)]
+    store.wait(keys)
+    results = [pickle.loads(store.get(k)) for k in keys]
+    failed = [other for other, (_, other_error) in enumerate(results) if other_error is not None]
+    if failed:
+        first = results[failed[0]][1]
+        if len(failed) == world and all(results[other][1] == first for other in failed):
+            raise PatchConfigError(first)
+        raise PatchConfigError(f"on rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} of {world}: "
+                               f"{first} (every rank must read the same report)")
+    planned = {tuple(other_parts) for other_parts, _ in results}
+    if len(planned) > 1:
+        raise PatchConfigError(f"the profile report {report} plans parts {sorted(map(list, planned))} on different "
+                               "ranks: every rank must read the same report")
+    return parts
+
+
 def report_named_by(method: str) -> Optional[str]:
     """The report a partition_method names: 'profile:PATH', or 'profile' with $DS_PIPE_PARTITION_PROFILE; None for
     DeepSpeed's own methods."""
-    if not isinstance(method, str) or method.split(":", 1)[0].lower() != METHOD:
+    if not names_a_profile(method):
         return None
     path = method.split(":", 1)[1] if ":" in method else os.environ.get(ENVIRONMENT)
     if not path:
@@ -98,6 +141,12 @@ def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[in
     parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
     overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
     iter_s = report["totals"]["throughput_iter_s"]
+    shared = shared_on_one_stage(report["layers"])
+    if shared:
+        raise PatchConfigError(
+            f"layers {' and '.join(str(i) for i in shared[0])} of the profile report ran one tied module on one "
+            "stage: their times cannot be told apart, so no plan is made from it (profile a partition that puts "
+            "them on different stages)")
     return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
                            cut_at)
 
@@ -108,10 +157,42 @@ def _parts_from_layers(layers):
 
 
 def read_report(path: str) -> dict:
+    """The profiler's JSON at `path`, checked for what planning reads. PatchConfigError, one line, otherwise."""
     try:
         with open(path) as f:
-            return json.load(f)
+            report = json.load(f)
     except OSError as error:
         raise PatchConfigError(f"the profile report {path} cannot be read: {error.strerror}") from None
     except ValueError as error:
         raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {error}") from None
+    problem = _what_planning_lacks(report)
+    if problem:
+        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {problem}")
+    return report
+
+
+_LAYER_FIELDS = {"index": int, "type": str, "stage": int, "fwd_latency_s": (int, float),
+                 "bwd_latency_s": (int, float), "recompute_latency_s": (int, float)}
+
+
+def _what_planning_lacks(report) -> Optional[str]:
+    """What a report lacks of the fields planning reads (a missing layer table is the callers' to say)."""
+    if not isinstance(report, dict):
+        return f"a JSON {type(report).__name__}, not an object"
+    for section, field, kind in (("totals", "throughput_iter_s", (int, float)),
+                                 ("parallelism", "micro_batches", int)):
+        value = report.get(section, {}).get(field) if isinstance(report.get(section), dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"no {section}.{field}"
+    layers = report.get("layers")
+    if layers is None:
+        return None
+    if not isinstance(layers, list):
+        return "its layers are not a list"
+    for position, row in enumerate(layers):
+        for field, kind in _LAYER_FIELDS.items():
+            if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
+                return f"layer {position} has no {field}"
+    if sorted(row["index"] for row in layers) != list(range(len(layers))):
+        return "its layers are not numbered 0 to n - 1"
+    return None

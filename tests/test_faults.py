@@ -189,6 +189,11 @@ def _partition_report(tmp_path, layer_types):
     return ["--pp-partition-from-profile", path]
 
 
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
 TINY_GPT_LAYERS = ["EmbeddingPipe"] + ["ParallelTransformerLayerPipe"] * 4 + ["LayerNorm", "EmbeddingPipe"]
 
 BAD_INPUT = {  # name: (flags after TINY_GPT --train-iters 5, given a tmp dir; words of the one line)
@@ -212,6 +217,12 @@ BAD_INPUT = {  # name: (flags after TINY_GPT --train-iters 5, given a tmp dir; w
     "partition_report_and_method": (
         lambda tmp: _partition_report(tmp, TINY_GPT_LAYERS) + ["--pp-partition-method", "uniform"],
         "--pp-partition-from-profile and --pp-partition-method 'uniform' both choose the partition: give one"),
+    "partition_report_without_pipeline": (
+        lambda tmp: layout(pp=1) + ["--no-pipeline-parallel"] + _partition_report(tmp, TINY_GPT_LAYERS),
+        "--pp-partition-from-profile cuts a pipeline's layers: --no-pipeline-parallel builds none"),
+    "partition_report_not_the_profilers": (
+        lambda tmp: ["--pp-partition-from-profile", _write(tmp / "list.json", "[1, 2]")],
+        "list.json is not the profiler's JSON: a JSON list, not an object"),
     "partition_regex": (lambda tmp: ["--pp-partition-method", "type:transformer|("],
                         "is not a valid regular expression"),
     "partition_too_few_layers": (

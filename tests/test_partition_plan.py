@@ -37,10 +37,10 @@ def test_a_layer_heavier_than_a_fair_share_gets_a_stage_of_its_own_and_the_rest_
 def test_ties_go_to_the_second_largest_load_then_the_earliest_boundaries():
     # [2, 1, 1, 2] in 2: [2, 1 | 1, 2] (3, 3) beats every other
     assert balanced_parts([2, 1, 1, 2], 2) == [0, 2, 4]
-    # all equal: the bound is 2 either way; (2, 2, 1) sorted beats (2, 1, 2)? they are equal, so the earliest
+    # all equal: [1 | 1, 1 | 1, 1], [1, 1 | 1 | 1, 1] and [1, 1 | 1, 1 | 1] all sort to (2, 2, 1): the earliest
     assert balanced_parts([1, 1, 1, 1, 1], 3) == [0, 1, 3, 5]
-    # the largest load ties at 5; the second largest decides: [5 | 2, 2 | 1] (5, 4, 1) beats [5 | 2 | 2, 1] (5, 3, 2)?
-    # no: sorted descending (5, 4, 1) > (5, 3, 2), so the second wins
+    # the largest load ties at 5; the second largest decides: [5 | 2 | 2, 1] sorts to (5, 3, 2), smaller than
+    # [5 | 2, 2 | 1]'s (5, 4, 1)
     assert balanced_parts([5, 2, 2, 1], 3) == [0, 1, 2, 4]
 
 

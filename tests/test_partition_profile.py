@@ -82,6 +82,16 @@ def test_a_report_of_another_model_is_refused_in_one_line(measured, out):
     assert "Traceback" not in process.stderr
 
 
+@pytest.mark.launch
+def test_a_report_missing_on_one_rank_stops_every_rank_in_one_line(measured, out):
+    process = run(out, "missing_on_rank_1", via_patches_launch=True)
+    assert process.returncode == EXIT_BAD_INPUT, explain(process)
+    errors = {line for line in process.stderr.splitlines() if line.startswith("error:")}
+    assert errors == {f"error: on rank 1 of 2: the profile report {out / 'missing.json'} cannot be read: No such "
+                      "file or directory (every rank must read the same report)"}, explain(process)
+    assert "Traceback" not in process.stderr
+
+
 @pytest.fixture(scope="module")
 def resumed(measured, out):
     runs = {}

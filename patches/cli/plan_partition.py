@@ -32,7 +32,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     print(f"{len(layers)} layers, measured at pp {len(plan['current_parts']) - 1}, "
           f"{report['parallelism']['micro_batches']} micro-batches; iteration "
-          f"{duration_to_string(plan['measured_iter_s'])} ({report['totals']['throughput_basis']})")
+          f"{duration_to_string(plan['measured_iter_s'])} ({report['totals'].get('throughput_basis', 'measured')})")
     print("stage loads as run:     " + ", ".join(duration_to_string(s) for s in plan["current_stage_s"]))
     print("stage loads as planned: " + ", ".join(duration_to_string(s) for s in plan["stage_s"]))
     print(plan_line(plan))

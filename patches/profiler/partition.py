@@ -37,7 +37,7 @@ class Plan:
     stage_s: List[float]  # each stage's compute per iteration: its layers and its position's overhead
     bound_s: float  # the largest stage_s
     predicted_iter_s: float
-    predicted_bubble: float  # each stage's idle fraction, averaged: 1 - mean(stage_s) / (m * iteration's t)
+    predicted_bubble: float  # each stage's idle fraction, averaged: 1 - mean(stage_s) / predicted_iter_s
 
 
 def _loads(costs, parts, overheads):

@@ -1,7 +1,7 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.notes import LAYER_TABLE_CAPTION, STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
-from patches.profiler.report import aggregate_by_depth
+from patches.profiler.report import aggregate_by_depth, shared_on_one_stage
 from patches.profiler.stragglers import METRICS
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
@@ -281,6 +281,9 @@ def _layers(report):
               params_to_string(row["params"])] for row in rows]
     lines = ["", LAYER_TABLE_CAPTION]
     lines += _table(["layer", "type", "stage", "fwd", "bwd", "recompute", "flops", "params"], table)
+    for indices in shared_on_one_stage(rows):
+        lines.append(f"  layers {' and '.join(str(i) for i in indices)} ran one tied module on one stage: its time "
+                     "and FLOPs are split evenly between them here, and no partition is planned from them")
     plan = report.get("partition_plan")
     if plan:
         lines.append("  " + plan_line(plan))

@@ -471,6 +471,16 @@ def layer_table(stages: List[dict], replica: List[dict]) -> Optional[List[dict]]
     return sorted(rows, key=lambda row: row["index"])
 
 
+def shared_on_one_stage(layers: List[dict]) -> List[List[int]]:
+    """Groups of layers that ran one tied module on one stage (a tied embedding and LM head on a single stage):
+    its time is split evenly among them in the table, which is no measurement to plan from."""
+    by_node = {}
+    for row in layers:
+        if row.get("node"):
+            by_node.setdefault((row["stage"], row["node"]), []).append(row["index"])
+    return [sorted(indices) for indices in by_node.values() if len(indices) > 1]
+
+
 def stage_overheads(stages: List[dict], layers: List[dict]) -> List[float]:
     """Each stage's forward and backward instruction time that none of its layers accounts for (the loss, the
     stage module's own work, function layers), at least 0."""
@@ -503,7 +513,7 @@ def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float]
     cut_at: the prediction for these parts instead of the best ones."""
     ran = len(parts) - 1
     pp = len(cut_at) - 1 if cut_at else pp or ran
-    if len(layers) < pp:
+    if len(layers) < pp or shared_on_one_stage(layers):
         return None
     costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row)) for row in layers]
     current = [sum(cost.seconds for cost in costs if cost.stage == s) + overheads[s] for s in range(ran)]

@@ -8,6 +8,8 @@ MODE "measure": partition 'uniform'; 4 batches, a checkpoint in OUT_DIR/checkpoi
     profiled by PipelineFlopsProfiler, its report written to OUT_DIR/report.json.
 MODE "profile": partition_method='profile:OUT_DIR/report.json' (the report of the run above), then, in another
     PipelineModule, partition_method='profile' with the report named by $DS_PIPE_PARTITION_PROFILE; no training.
+MODE "missing_on_rank_1": rank 1 names a report that is not there, as on a node without the file (refused on
+    every rank).
 MODE "other_model": partition_method='profile:OUT_DIR/report.json' on a model with one layer more (refused).
 MODE "resume_uniform", "resume_profile": that partition, the checkpoint loaded (with its optimizer state), 2
     batches; "resume_profile_no_optim": load_optimizer_states=False.
@@ -63,8 +65,10 @@ def main():
         if torch.distributed.get_rank() == 0:
             (out_dir / f"{mode}.json").write_text(json.dumps(parts))
         return
-    method = {"measure": "uniform", "other_model": report, "resume_uniform": "uniform", "resume_profile": report,
-              "resume_profile_no_optim": report}[mode]
+    if mode == "missing_on_rank_1" and torch.distributed.get_rank() == 1:
+        report = f"profile:{out_dir / 'missing.json'}"
+    method = {"measure": "uniform", "other_model": report, "missing_on_rank_1": report, "resume_uniform": "uniform",
+              "resume_profile": report, "resume_profile_no_optim": report}[mode]
     module = PipelineModule(layers=layers(extra=1 if mode == "other_model" else 0), num_stages=2,
                             loss_fn=torch.nn.MSELoss(), partition_method=method)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=torch.optim.Adam(module.parameters(), lr=0.01),
