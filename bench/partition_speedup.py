@@ -21,8 +21,8 @@ round's default run (profiled too) predicts for the same parts; each is compared
 `deepspeed --module patches.launch` in the environment of --upstream-python (DeepSpeed <= 0.19.6 and this
 project installed; see the README's upstream tier). Its GPTModelPipe hard-codes type:transformer, so the
 default and the plan are the two partitions it can run; the model is UPSTREAM_SHAPE (micro-batch 1: upstream
-needs flash attention above 1 on CPU) on the demo corpus with its GPT-2 vocabulary, the LM head tied to the
-embedding (upstream's default), and tests/upstream_shim fills upstream's CPU gaps, as in the tests.
+needs flash attention above 1 on CPU) on the demo corpus, its BPE vocabulary grown to GPT-2's size, the LM head
+tied to the embedding (upstream's default), and tests/upstream_shim fills upstream's CPU gaps, as in the tests.
 """
 import argparse
 import json
@@ -47,8 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
 # ~4.2 MFLOPs (and a softmax over them): the head is worth about eight layers, all on the last stage
 UNBALANCED = {"hidden": 128, "heads": 4, "layers": 8, "seq": 128, "micro_batch": 4, "micro_batches": 8,
               "vocab": 16384}
-# upstream: the demo GPT-2 vocabulary (6,144 padded) tied; seq 512 at micro-batch 1 keeps the GEMMs large
-UPSTREAM_SHAPE = {"hidden": 128, "heads": 4, "layers": 8, "seq": 512, "micro_batch": 1, "micro_batches": 8}
+# upstream: GPT-2's vocabulary size (50,304 padded), tied, over hidden 64: the head and its loss weigh more than
+# the eight layers; seq 512 at micro-batch 1 keeps the GEMMs large
+GPT2_VOCAB = 50257
+UPSTREAM_SHAPE = {"hidden": 64, "heads": 4, "layers": 8, "seq": 512, "micro_batch": 1, "micro_batches": 8}
 UPSTREAM_QUICK = {"hidden": 64, "heads": 4, "layers": 4, "seq": 32, "micro_batch": 1, "micro_batches": 4}
 TINY = {"hidden": 32, "heads": 4, "layers": 4, "seq": 16, "micro_batch": 2, "micro_batches": 4, "vocab": 2048}
 DEFAULT = "type:ParallelTransformerLayerPipe"
@@ -95,7 +97,13 @@ def fork_target(shape):
 def upstream_target(checkout, python, shape, work):
     """Upstream's pretrain_gpt.py on the demo corpus (tools/preprocess_data.py, about a second), on CPU."""
     demo = REPO / "tools" / "demo_corpus"
-    vocab, merges, prefix = demo / "vocab.json", demo / "merges.txt", work / "demo"
+    merges, prefix = demo / "merges.txt", work / "demo"
+    # the demo's BPE vocabulary grown to GPT-2's 50,257 entries (ids past the demo's are never produced), so
+    # that the tied LM head is GPT-2's size: 50,304 rows once upstream pads it
+    encoder = json.loads((demo / "vocab.json").read_text())
+    encoder.update({f"<unused_{i}>": i for i in range(len(encoder), GPT2_VOCAB)})
+    vocab = work / "vocab.json"
+    vocab.write_text(json.dumps(encoder))
     subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(demo / "docs.jsonl"),
                     "--output-prefix", str(prefix), "--vocab-file", str(vocab), "--merge-file", str(merges),
                     "--tokenizer-type", "GPT2BPETokenizer", "--append-eod", "--workers", "1"],
