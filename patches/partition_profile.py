@@ -17,7 +17,6 @@ another report on another, stops every rank in one line.
 """
 import json
 import os
-import pickle
 from typing import List, Optional
 
 import torch.distributed as dist
@@ -27,6 +26,7 @@ from deepspeed.runtime.pipe.module import PipelineModule
 from patches.errors import PatchConfigError
 from patches.profiler.layers import layer_types
 from patches.profiler.report import plan_from_table, shared_on_one_stage
+from patches.profiler.store_exchange import every_ranks
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
@@ -81,12 +81,8 @@ def agreed_parts(report: Optional[str], parts: Optional[List[int]], error: Optio
             raise PatchConfigError(error)
         return parts
     _modules_built["count"] += 1
-    store, rank, world = c10d._get_default_store(), dist.get_rank(), dist.get_world_size()
-    key = f"patches/partition_profile/module{_modules_built['count']}/rank{{}}"
-    store.set(key.format(rank), pickle.dumps((parts, error)))
-    keys = [key.format(other) for other in range(world)]
-    store.wait(keys)
-    results = [pickle.loads(store.get(k)) for k in keys]
+    world = dist.get_world_size()
+    results = every_ranks(f"partition_profile/module{_modules_built['count']}", (parts, error))
     failed = [other for other, (_, other_error) in enumerate(results) if other_error is not None]
     if failed:
         first = results[failed[0]][1]

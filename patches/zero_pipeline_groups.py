@@ -12,7 +12,6 @@ The check: once the engine is built, every rank publishes its number of groups u
 default group's store and reads every other rank's (no collective: a rank that fails here leaves no one inside
 one). Equal everywhere: nothing else happens. Unequal: PatchConfigError on every rank, naming the stages.
 """
-import pickle
 from typing import Dict, Optional
 
 import torch.distributed as dist
@@ -21,6 +20,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from patches.errors import PatchConfigError
+from patches.profiler.store_exchange import every_ranks
 
 WHAT_IT_FIXES = "ZeRO stage 1 on pipeline stages with unequal optimizer parameter groups (a hang)"
 
@@ -39,22 +39,17 @@ def install():
         _engines_built["count"] += 1
         groups = getattr(self.optimizer, "bit16_groups", None)  # set by ZeRO's __init__, one list a group
         if isinstance(self.optimizer, DeepSpeedZeroOptimizer) and groups is not None and dist.is_initialized():
-            check_equal_groups(f"engine{_engines_built['count']}", self.global_rank, self.stage_id, len(groups),
+            check_equal_groups(f"engine{_engines_built['count']}", self.stage_id, len(groups),
                                self.zero_optimization_stage())
 
     __init__.__wrapped__ = original_init
     PipelineEngine.__init__ = __init__
 
 
-def check_equal_groups(name: str, rank: int, stage: int, groups: int, zero_stage: int) -> None:
+def check_equal_groups(name: str, stage: int, groups: int, zero_stage: int) -> None:
     """Every rank of the world: publish (stage, groups), read everyone's, refuse unequal counts in one line."""
-    store = c10d._get_default_store()
-    store.set(_key(name, rank), pickle.dumps((stage, groups)))
-    keys = [_key(name, other) for other in range(dist.get_world_size())]
-    store.wait(keys)
     by_stage: Dict[int, int] = {}
-    for key in keys:
-        other_stage, other_groups = pickle.loads(store.get(key))
+    for other_stage, other_groups in every_ranks(f"zero_pipeline_groups/{name}", (stage, groups)):
         by_stage.setdefault(other_stage, other_groups)
     message = unequal_groups_message(by_stage, zero_stage)
     if message is not None:
@@ -71,6 +66,3 @@ def unequal_groups_message(groups_by_stage: Dict[int, int], zero_stage: int) -> 
             "all-reduces each group's gradient norm across the stages). Cut the layers so that every stage has "
             "parameters of every group (e.g. not an embedding or an LM head alone), or run without ZeRO")
 
-
-def _key(name: str, rank: int) -> str:
-    return f"patches/zero_pipeline_groups/{name}/rank{rank}"

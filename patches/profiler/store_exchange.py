@@ -77,3 +77,14 @@ def collect(namespace: str, ranks: List[int], wait_s: float) -> Collected:
 
 def world_ranks() -> List[int]:
     return list(range(dist.get_world_size()))
+
+
+def every_ranks(namespace: str, value) -> list:
+    """Every world rank's `value` for `namespace`, in rank order, once all have published theirs: each rank sets
+    its own key of the default group's store and waits for the others' (no collective, so a rank that fails
+    before publishing leaves nobody inside one). Every rank of the world must call it with the same namespace."""
+    store = c10d._get_default_store()
+    store.set(_key(namespace, dist.get_rank()), pickle.dumps(value))
+    keys = [_key(namespace, rank) for rank in world_ranks()]
+    store.wait(keys)
+    return [pickle.loads(store.get(key)) for key in keys]
