@@ -12,7 +12,7 @@ import pickle
 import socket
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -79,7 +79,7 @@ def world_ranks() -> List[int]:
     return list(range(dist.get_world_size()))
 
 
-def every_ranks(namespace: str, value) -> list:
+def every_ranks(namespace: str, value: Any) -> List[Any]:
     """Every world rank's `value` for `namespace`, in rank order, once all have published theirs: each rank sets
     its own key of the default group's store and waits for the others' (no collective, so a rank that fails
     before publishing leaves nobody inside one). Every rank of the world must call it with the same namespace."""
