@@ -1,14 +1,44 @@
 """Shared fixtures, and the `launch` marker's guard (tests/helpers/launch.py): a test that starts
-processes must carry the marker, so that `-m "not launch"` is the fast in-process tier."""
+processes must carry the marker, so that `-m "not launch"` is the fast in-process tier. Each launching test
+gets a torch extensions directory of its own (tests/helpers/torch_extensions.py)."""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
-from tests.helpers import launch
+from tests.helpers import launch, torch_extensions
 from tests.helpers.flags import PP2_TP2_CKPT
+
+_extension_copies = []  # the parent of this session's per-test torch extensions directories, removed at its end
+_environment_before = {}
 
 
 def pytest_runtest_setup(item):
     # Runs before any fixture of the test, so session fixtures that launch are covered too.
-    launch.allow_launches(item.get_closest_marker("launch") is not None)
+    launches = item.get_closest_marker("launch") is not None
+    launch.allow_launches(launches)
+    if launches:
+        if not _extension_copies:
+            _extension_copies.append(tempfile.mkdtemp(prefix="patches-tests-torch-ext-"))
+        copy = torch_extensions.fresh_copy(Path(tempfile.mkdtemp(dir=_extension_copies[0])))
+        _environment_before.setdefault("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR"))
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(copy)
+
+
+def pytest_runtest_teardown(item):
+    for name, value in _environment_before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _environment_before.clear()
+
+
+def pytest_sessionfinish(session):
+    for directory in _extension_copies:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 from megatron.arguments import parse_args
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.flags import TINY_GPT
-from tests.helpers.launch import REPO, launch
+from tests.helpers.launch import REPO, bare_env, launch
 
 BASE = TINY_GPT + ["--train-iters", "5"]
 
@@ -39,7 +39,7 @@ BAD_COMBINATIONS = [
 
 
 def run_direct(extra, world_size, tmp_path):
-    env = {"WORLD_SIZE": str(world_size), "RANK": "0", "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    env = bare_env(WORLD_SIZE=str(world_size), RANK="0")
     return subprocess.run([sys.executable, str(REPO / "pretrain_gpt.py")] + BASE + [str(a) for a in extra],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 

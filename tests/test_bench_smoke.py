@@ -11,13 +11,17 @@ from tests.helpers.launch import REPO, deepspeed_launcher, explain, free_port
 
 pytestmark = pytest.mark.launch
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def bench_env():
+    """Read when the test runs: conftest.py gives each launching test its own torch extensions directory."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
 def test_profiler_overhead_quick_under_the_deepspeed_launcher(tmp_path):
     command = [deepspeed_launcher(), "--num_gpus", "2", "--master_port", str(free_port()),
                str(REPO / "bench" / "profiler_overhead.py"), "--quick"]
-    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    process = subprocess.run(command, cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=240)
     assert process.returncode == 0, explain(process)
     # The launcher logs each rank's exit ("[<date>] [INFO] [launch.py...") after the benchmark's last line.
     lines = [line for line in process.stdout.strip().splitlines() if not line.startswith("[")]
@@ -41,7 +45,7 @@ def test_profiler_overhead_quick_under_the_deepspeed_launcher(tmp_path):
 
 def test_report_scaling_quick_spawned(tmp_path):
     command = [sys.executable, str(REPO / "bench" / "report_scaling.py"), "--quick"]
-    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    process = subprocess.run(command, cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=240)
     assert process.returncode == 0, explain(process)
     out = process.stdout
     real = out[out.index("real runs"):out.index("link costs measured")]
@@ -56,7 +60,7 @@ def test_report_scaling_quick_spawned(tmp_path):
 
 def test_idle_cost_quick_spawned(tmp_path):
     command = [sys.executable, str(REPO / "bench" / "idle_cost.py"), "--quick"]
-    process = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240)
+    process = subprocess.run(command, cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=240)
     assert process.returncode == 0, explain(process)
     lines = [line for line in process.stdout.strip().splitlines() if not line.startswith("[")]
     assert re.fullmatch(r"patched idle / stock train_batch time ratio: \d+\.\d{3}", lines[-1]), explain(process)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.flags import PP2, TINY_GPT, layout
-from tests.helpers.launch import REPO, explain, launch, read_losses
+from tests.helpers.launch import REPO, bare_env, explain, launch, read_losses
 from tests.helpers.multinode import explain_nodes, run_nodes
 from tests.helpers.tiny_gpt import check_totals
 
@@ -163,7 +163,7 @@ def bad_load_dir(tmp_path, tag="global_step2", create=True):
 def test_profile_step_before_the_resumed_iteration_exits_2_before_any_collective(tmp_path):
     """End to end: pretrain_gpt.py alone, told it is one of 4 ranks, so reaching a collective would hang."""
     extra = ["--train-iters", "5", "--load", bad_load_dir(tmp_path), "--profile-flops-step", "2"]
-    env = {"WORLD_SIZE": "4", "RANK": "0", "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    env = bare_env(WORLD_SIZE="4", RANK="0")
     process = subprocess.run([sys.executable, str(REPO / "pretrain_gpt.py")] + TINY_GPT + [str(a) for a in extra],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in process.stderr.splitlines() if line.startswith("error:")]

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from patches.launch import USAGE, split_launcher_arguments
-from tests.helpers.launch import REPO
+from tests.helpers.launch import REPO, bare_env
 
 
 def test_the_deepspeed_launchers_local_rank_goes_after_the_script():
@@ -35,7 +35,7 @@ def _write(root, files):
 
 
 def _run_launch(cwd, *args):
-    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "PYTHONPATH": str(REPO)}
+    env = bare_env(RANK="0")
     return subprocess.run([sys.executable, "-m", "patches.launch", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -185,7 +185,7 @@ def test_the_one_line_edit_works_after_the_scripts_own_imports(tmp_path):
         print(hasattr(arguments.parse_args, "__wrapped__"), hasattr(training.train_step, "__wrapped__"))
     """
     _write(tmp_path, files)
-    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "PYTHONPATH": str(REPO)}
+    env = bare_env(RANK="0")
     process = subprocess.run([sys.executable, "pretrain_gpt.py", "--deepspeed", "--profile-flops-step", "2"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
@@ -201,8 +201,7 @@ def test_a_section_key_the_patched_engine_refuses_is_one_line_and_exit_2(tmp_pat
     config = tmp_path / "ds.json"
     config.write_text('{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2, '
                       '"flops_profiler": {"enabled": true, "recompute_fwd_factor": 1.0}}')
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = bare_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     script = REPO / "tests" / "scripts" / "plain_engine.py"
     process = subprocess.run([sys.executable, "-m", "patches.launch", str(script), str(config)], cwd=tmp_path,
                              env=env, capture_output=True, text=True, timeout=120)

@@ -42,6 +42,15 @@ def deepspeed_launcher():
     return str(Path(sys.executable).parent / "deepspeed")
 
 
+def bare_env(**variables):
+    """The whole environment of a process that must not inherit this one's: a plain PATH, PYTHONPATH at this
+    checkout, the test's torch extensions directory (conftest.py), and `variables`."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    if "TORCH_EXTENSIONS_DIR" in os.environ:
+        env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
+    return dict(env, **variables)
+
+
 def launch(script, nprocs, script_args, cwd, timeout=300, env=None, launcher=None, launcher_args=()):
     """`deepspeed --num_gpus N [launcher_args] script args`; returns the CompletedProcess (text output).
     launcher: another environment's `deepspeed` command (default: this one's)."""
