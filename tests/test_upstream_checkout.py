@@ -13,7 +13,6 @@ On pp 2 and tp 2 x pp 2 with activation checkpointing, over gloo with the deepsp
   pretrain_gpt.py for the same flags, and the hand count;
 - the DeepSpeed config's flops_profiler section alone (no flag) prints one report and does not crash.
 """
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import pytest
 from patches.profiler.printer import HEADER
 from tests.helpers.corpus import MERGE_FILE, VOCAB_FILE, preprocess_demo_corpus
 from tests.helpers.launch import REPO, explain, launch, read_losses
+from tests.helpers.torch_extensions import fresh_copy
 
 UPSTREAM = os.environ.get("MEGATRON_DEEPSPEED_DIR")
 UPSTREAM_PYTHON = os.environ.get("MEGATRON_DEEPSPEED_PYTHON", sys.executable)
@@ -82,10 +82,9 @@ def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.j
     python = python or UPSTREAM_PYTHON
     launcher = [str(Path(python).parent / "deepspeed")]
     script = ["--module", "patches.launch", "pretrain_gpt.py"] if via_module else ["pretrain_gpt.py"]
-    env = {"PYTHONPATH": str(SHIM), "UPSTREAM_LOSS_RECORD": str(record),
-           # DeepSpeed JIT-builds its CPU comm op per version: this interpreter's DeepSpeed gets its own cache.
-           "TORCH_EXTENSIONS_DIR": str(Path(tempfile.gettempdir()) / (
-               "torch_extensions_" + hashlib.sha1(python.encode()).hexdigest()[:10]))}
+    # DeepSpeed JIT-builds its CPU ops per version: this interpreter's, copied for this run alone.
+    extensions = fresh_copy(Path(tempfile.mkdtemp(prefix=f"{name}_torch_extensions_", dir=root)), python)
+    env = {"PYTHONPATH": str(SHIM), "UPSTREAM_LOSS_RECORD": str(record), "TORCH_EXTENSIONS_DIR": str(extensions)}
     if count_flops_of is not None:
         env.update(UPSTREAM_FLOP_COUNT_RECORD=str(root / f"{name}_torch_flops"),
                    UPSTREAM_FLOP_COUNT_ITERATION=str(count_flops_of))

@@ -33,29 +33,32 @@ for name in {OP_BUILDERS!r}:
     if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
         builder.load()
 """
+_IDENTITY = "import sys, torch, deepspeed; print(sys.prefix, torch.__version__, deepspeed.__version__)"
+_prebuilt_paths = {}  # interpreter -> its build's directory, found once a session
 
 
-def _prebuilt_path() -> Path:
-    """One directory per environment: the build's command lines name this venv's torch and DeepSpeed."""
-    import deepspeed
-    import torch
+def _prebuilt_path(python: str) -> Path:
+    """One directory per environment: the build's command lines name its torch and DeepSpeed."""
+    if python not in _prebuilt_paths:
+        printed = subprocess.run([python, "-c", _IDENTITY], capture_output=True, text=True, check=True).stdout
+        identity = printed.strip().splitlines()[-1]  # after whatever DeepSpeed logs on import
+        key = hashlib.sha1(identity.encode()).hexdigest()[:12]
+        _prebuilt_paths[python] = Path(tempfile.gettempdir()) / f"patches-tests-torch-extensions-{key}"
+    return _prebuilt_paths[python]
 
-    key = hashlib.sha1(f"{sys.prefix}|{torch.__version__}|{deepspeed.__version__}".encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"patches-tests-torch-extensions-{key}"
 
-
-def prebuilt() -> Path:
-    """The built ops of this environment, building them first if no complete build is there."""
-    final = _prebuilt_path()
+def prebuilt(python: str = sys.executable) -> Path:
+    """The built ops of python's environment, building them first if no complete build is there."""
+    final = _prebuilt_path(python)
     if final.is_dir():
         return final
     building = Path(tempfile.mkdtemp(prefix=final.name + ".building-", dir=final.parent))
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(building))
-    process = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True, text=True,
+    process = subprocess.run([python, "-c", _BUILD], env=env, capture_output=True, text=True,
                              timeout=BUILD_TIMEOUT_S)
     if process.returncode != 0:
         shutil.rmtree(building, ignore_errors=True)
-        raise RuntimeError(f"building DeepSpeed's CPU ops for the tests failed:\n{process.stderr[-3000:]}")
+        raise RuntimeError(f"building DeepSpeed's CPU ops for the tests failed ({python}):\n{process.stderr[-3000:]}")
     try:
         building.rename(final)
     except OSError:  # another session renamed its complete build into place first
@@ -63,9 +66,9 @@ def prebuilt() -> Path:
     return final
 
 
-def fresh_copy(destination: Path) -> Path:
-    """destination filled with the built ops, ready to load without building: returns destination."""
-    source = prebuilt()
+def fresh_copy(destination: Path, python: str = sys.executable) -> Path:
+    """destination filled with python's built ops, ready to load without building: returns destination."""
+    source = prebuilt(python)
     for op_dir in source.iterdir():
         target = destination / op_dir.name
         target.mkdir(parents=True)
