@@ -20,13 +20,12 @@ import os
 from typing import List, Optional
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from patches.errors import PatchConfigError
+from patches.profiler import store_exchange
 from patches.profiler.layers import layer_types
 from patches.profiler.report import plan_from_table, shared_on_one_stage
-from patches.profiler.store_exchange import every_ranks
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
@@ -37,7 +36,7 @@ _modules_built = {"count": 0}  # every rank builds its PipelineModules in the sa
 
 
 def requires():
-    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds"), (c10d, "_get_default_store")]
+    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds"), *store_exchange.requires()]
 
 
 def install():
@@ -82,7 +81,7 @@ def agreed_parts(report: Optional[str], parts: Optional[List[int]], error: Optio
         return parts
     _modules_built["count"] += 1
     world = dist.get_world_size()
-    results = every_ranks(f"partition_profile/module{_modules_built['count']}", (parts, error))
+    results = store_exchange.every_ranks(f"partition_profile/module{_modules_built['count']}", (parts, error))
     failed = [other for other, (_, other_error) in enumerate(results) if other_error is not None]
     if failed:
         first = results[failed[0]][1]

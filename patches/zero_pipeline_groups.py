@@ -15,12 +15,11 @@ one). Equal everywhere: nothing else happens. Unequal: PatchConfigError on every
 from typing import Dict, Optional
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from patches.errors import PatchConfigError
-from patches.profiler.store_exchange import every_ranks
+from patches.profiler import store_exchange
 
 WHAT_IT_FIXES = "ZeRO stage 1 on pipeline stages with unequal optimizer parameter groups (a hang)"
 
@@ -28,7 +27,7 @@ _engines_built = {"count": 0}  # every rank builds its engines in the same order
 
 
 def requires():
-    return [(PipelineEngine, "__init__"), (c10d, "_get_default_store")]
+    return [(PipelineEngine, "__init__"), *store_exchange.requires()]
 
 
 def install():
@@ -49,7 +48,7 @@ def install():
 def check_equal_groups(name: str, stage: int, groups: int, zero_stage: int) -> None:
     """Every rank of the world: publish (stage, groups), read everyone's, refuse unequal counts in one line."""
     by_stage: Dict[int, int] = {}
-    for other_stage, other_groups in every_ranks(f"zero_pipeline_groups/{name}", (stage, groups)):
+    for other_stage, other_groups in store_exchange.every_ranks(f"zero_pipeline_groups/{name}", (stage, groups)):
         by_stage.setdefault(other_stage, other_groups)
     message = unequal_groups_message(by_stage, zero_stage)
     if message is not None:
@@ -65,4 +64,3 @@ def unequal_groups_message(groups_by_stage: Dict[int, int], zero_stage: int) -> 
             f"numbers of optimizer parameter groups ({described}; DeepSpeed drops an empty group, and ZeRO "
             "all-reduces each group's gradient norm across the stages). Cut the layers so that every stage has "
             "parameters of every group (e.g. not an embedding or an LM head alone), or run without ZeRO")
-

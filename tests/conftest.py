@@ -1,7 +1,6 @@
 """Shared fixtures, and the `launch` marker's guard (tests/helpers/launch.py): a test that starts
 processes must carry the marker, so that `-m "not launch"` is the fast in-process tier. Each launching test
 gets a torch extensions directory of its own (tests/helpers/torch_extensions.py)."""
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,7 +11,7 @@ from tests.helpers import launch, torch_extensions
 from tests.helpers.flags import PP2_TP2_CKPT
 
 _extension_copies = []  # the parent of this session's per-test torch extensions directories, removed at its end
-_environment_before = {}
+_environment = pytest.MonkeyPatch()  # the variable a launching test gets, undone after it
 
 
 def pytest_runtest_setup(item):
@@ -23,17 +22,11 @@ def pytest_runtest_setup(item):
         if not _extension_copies:
             _extension_copies.append(tempfile.mkdtemp(prefix="patches-tests-torch-ext-"))
         copy = torch_extensions.fresh_copy(Path(tempfile.mkdtemp(dir=_extension_copies[0])))
-        _environment_before.setdefault("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR"))
-        os.environ["TORCH_EXTENSIONS_DIR"] = str(copy)
+        _environment.setenv("TORCH_EXTENSIONS_DIR", str(copy))
 
 
 def pytest_runtest_teardown(item):
-    for name, value in _environment_before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    _environment_before.clear()
+    _environment.undo()
 
 
 def pytest_sessionfinish(session):

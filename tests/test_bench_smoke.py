@@ -12,7 +12,6 @@ from tests.helpers.launch import REPO, deepspeed_launcher, explain, free_port
 pytestmark = pytest.mark.launch
 
 
-
 def bench_env():
     """Read when the test runs: conftest.py gives each launching test its own torch extensions directory."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
