@@ -33,12 +33,15 @@ for name in {OP_BUILDERS!r}:
     if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
         builder.load()
 """
-_IDENTITY = "import sys, torch, deepspeed; print(sys.prefix, torch.__version__, deepspeed.__version__)"
+# The environment and when its torch and DeepSpeed were installed: ninja compares the sources' times with the
+# build's, so a build made before a reinstall at the same prefix would be rebuilt in every copy.
+_IDENTITY = ("import os, sys, torch, deepspeed; print(sys.prefix, torch.__version__, deepspeed.__version__, "
+             "os.stat(torch.__file__).st_mtime_ns, os.stat(deepspeed.__file__).st_mtime_ns)")
 _prebuilt_paths = {}  # interpreter -> its build's directory, found once a session
 
 
 def _prebuilt_path(python: str) -> Path:
-    """One directory per environment: the build's command lines name its torch and DeepSpeed."""
+    """One directory per installed environment: the build's command lines name its torch and DeepSpeed."""
     if python not in _prebuilt_paths:
         printed = subprocess.run([python, "-c", _IDENTITY], capture_output=True, text=True, check=True).stdout
         identity = printed.strip().splitlines()[-1]  # after whatever DeepSpeed logs on import
