@@ -168,17 +168,25 @@ def set_pp1_checkpointing(engine, on):
 def profile_ours(engine, step, args, checkpointing, out_dir, count_before=False):
     """The profiled iteration of --profile-flops-step (one_step.ProfileSchedule), its parts timed apart: the
     measurement around the iteration, then the gathered report, printed and written. count_before: FLOPs
-    counted in an iteration run just before (count_flops, as the schedule does by default), so that the
-    profiled iteration runs without the dispatch mode; its time is "counting_s"."""
+    counted in an iteration run just before (as the schedule does by default), so that the profiled iteration
+    runs without the dispatch mode; its time is "counting_s"."""
     from patches.profiler.context import RunDescription
     from patches.profiler.files import write_json
-    from patches.profiler.measurement import StageMeasurement, count_flops
+    from patches.profiler.measurement import CountingPass, StageMeasurement
     from patches.profiler.printer import format_report
     from patches.profiler.sources import GatheredReports
 
     counting_s, counted = None, None
+
+    def count_flops():
+        counting = StageMeasurement(engine)
+        counting.start()
+        step()
+        counting.detach()
+        return CountingPass(0, counting.module_profiler)
+
     if count_before:
-        counting_s, (_, counted) = timed(lambda: count_flops(engine, 0, step))
+        counting_s, counted = timed(count_flops)
     measurement = StageMeasurement(engine)
     run = RunDescription(seq_length=args.seq_length, analytic=analytic(args, checkpointing),
                          activation_checkpointing=checkpointing)

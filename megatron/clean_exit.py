@@ -7,7 +7,7 @@ process aborts ("terminate called without an active exception", exit -6) althoug
 destroy_process_group() forgets the groups but does not end the workers (gloo has no shutdown): a gloo
 group joins its worker threads when its last reference goes, and torch drops that reference without
 the GIL. So the teardown lets go of every reference this process keeps beyond torch's registry (our
-layout, the profiler's report groups, DeepSpeed's module-level groups) and collects the reference
+layout, DeepSpeed's module-level groups) and collects the reference
 cycles that hold the rest (engines and their grids): the groups go, and their workers are joined,
 before finalization starts. What a script still holds itself (an engine in a global) it should drop
 before it ends.
@@ -36,9 +36,6 @@ def release_group_references() -> None:
     mpu = sys.modules.get("megatron.mpu.parallel_state")
     if mpu is not None:
         mpu.destroy_model_parallel()
-    gather = sys.modules.get("patches.profiler.gather")
-    if gather is not None:
-        gather.forget_report_groups()
     for name in DEEPSPEED_GROUP_HOLDERS:
         module = sys.modules.get(name)
         if module is not None:

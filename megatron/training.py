@@ -2,7 +2,6 @@
 import json
 import math
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,10 +20,10 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
+from patches.megatron_door import MegatronDoor, announcement
 from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
-from patches.profiler.context import RunDescription, register_run_describer
-from patches.profiler.one_step import FileOutput, ProfileSchedule, counting_announcement
+from patches.profiler.context import RunDescription
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,
@@ -135,24 +134,21 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     """The loop; returns (last iteration, whether --exit-interval or --exit-duration-in-mins ended it)."""
     args = get_args()
     engine = model[0]
-    _trained[0] = weakref.ref(engine)
     iteration = args.iteration
     writer = _tensorboard_writer(args)
     _announce_recompute(args)
-    _announce_profiling(args, engine)
+    _announce_profiling(args)
     interval, interval_start = IntervalStats(), time.time()
     # counts, profiles and reports --profile-flops-step's iteration; times every other one
-    schedule = ProfileSchedule(args.profile_flops_step, lambda _: _describe_run(args),
-                               FileOutput(args.profile_flops_output, writer), counting=args.profile_flops_counting,
-                               last_iteration=args.train_iters)
+    door = MegatronDoor(args, lambda _: _describe_run(args), tensorboard_writer=writer)
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
     while iteration < args.train_iters and (args.train_tokens is None or
                                             args.consumed_train_tokens < args.train_tokens):
         step = iteration + 1
         args.curr_iteration = step
-        loss, skipped = schedule.run(engine, step, lambda: train_step(forward_step_func, train_iterator, model,
-                                                                       optimizer, lr_scheduler))
+        loss, skipped = door.train_step(engine, step, lambda: train_step(forward_step_func, train_iterator, model,
+                                                                          optimizer, lr_scheduler))
         iteration = step
         args.consumed_train_samples += args.global_batch_size
         args.actual_seq_length = args.seq_length
@@ -208,24 +204,20 @@ def _announce_recompute(args):
         print_rank_0(f"> {note}")
 
 
-def _announce_profiling(args, engine):
+def _announce_profiling(args):
     section = args.deepspeed_config_dict.get("flops_profiler", {})
     if args.profile_flops_step is None:
         return
     if section.get("enabled"):
-        from patches.flops_profiler_config import yield_to_flag
-
-        yield_to_flag(args.profile_flops_step)
         section_step = section.get("profile_step", 1)
         print_rank_0(f"> --profile-flops-step {args.profile_flops_step} takes precedence over the DeepSpeed "
                      f"config's flops_profiler section (profile_step {section_step}), which is ignored")
-    print_rank_0(f"> FLOPs profiler: iteration {args.profile_flops_step} will be profiled on every stage"
-                 + counting_announcement(args.profile_flops_step, args.profile_flops_counting, args.iteration))
+    print_rank_0(f"> FLOPs profiler: {announcement(args, args.iteration)}")
 
 
 def _describe_run(args):
-    """What our arguments say of the run, for the profile report (the flag's, the config section's, the user's
-    own FlopsProfiler code's: registered below)."""
+    """What our arguments say of the run, for the profile report (the flag's; the config section's and the user's
+    own FlopsProfiler code's through the door, which hands it to the engine)."""
     stage_layers = pipeline_stage_layers(args)
     return RunDescription(seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
                           peak_tflops=args.peak_tflops,
@@ -233,20 +225,6 @@ def _describe_run(args):
                           activation_checkpointing=bool(args.checkpoint_activations),
                           recompute_note=recompute_shortfall(args, stage_layers),
                           log_line_flops=upstream_flops_per_iteration(args))
-
-
-_trained = [None]  # a weak reference to the engine train() trains: the one engine our arguments describe
-
-
-def _describe_current_run(engine):
-    """_describe_run of this run's arguments, for the reports our train() does not ask for (the config
-    section's, the user's own FlopsProfiler code's); None for another engine, or before train() starts."""
-    if _trained[0] is None or _trained[0]() is not engine:
-        return None
-    return _describe_run(get_args())
-
-
-register_run_describer(_describe_current_run)
 
 
 def _record_loss(args, iteration, loss):

@@ -3,9 +3,12 @@
 It imports nothing from any `megatron` package: our GPT fork and a user's own Megatron-DeepSpeed are its users.
 
 `patches.apply()` is idempotent. The DeepSpeed patches replace private methods, which change between
-releases: each patch names the DeepSpeed attributes it needs (REQUIRES), and a patch whose attributes
+releases: each patch names the DeepSpeed attributes it needs (requires()), and a patch whose attributes
 are missing is not applied, with one line naming them (nothing is half-patched). A DeepSpeed release the
 project was not tested with gets one warning line; it is not refused.
+
+A patch changes DeepSpeed's classes in its install(), and acts on each engine built afterwards in its
+engine_built(engine), which apply() hands to the one wrapper of the engines' __init__ (engine_methods.py).
 """
 import os
 import sys
@@ -13,8 +16,6 @@ from typing import List, Optional
 
 # Tested with these (the README's table): the patches' own tests and the upstream Megatron-DeepSpeed tier.
 TESTED_DEEPSPEED = ("0.19.8", "0.19.6", "0.18.9", "0.16.9", "0.14.5")
-
-_applied = False
 
 
 def _say(line: str) -> None:
@@ -44,14 +45,16 @@ def apply_to_this_run(argv: Optional[List[str]] = None) -> None:
 
 
 def apply() -> None:
-    global _applied
-    if _applied:
+    from patches.registry import REGISTRY
+
+    if REGISTRY.applied:
         return
     import deepspeed
 
     if deepspeed.__version__ not in TESTED_DEEPSPEED:
         _say(untested_version_warning(deepspeed.__version__))
     from patches import (
+        engine_methods,
         flops_profiler_class,
         flops_profiler_config,
         partition_profile,
@@ -60,12 +63,23 @@ def apply() -> None:
         section_timers,
         zero_pipeline_groups,
     )
-    for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class, partition_profile,
-                  pipeline_checkpoint, zero_pipeline_groups):
+
+    def missing_from(patch) -> bool:
         missing = missing_attributes(patch.requires())
         if missing:
             _say(f"warning: patches: {patch.__name__} is not applied: DeepSpeed {deepspeed.__version__} has no "
                  f"{', '.join(missing)} ({patch.WHAT_IT_FIXES} stays as DeepSpeed has it)")
-            continue
-        patch.install()
-    _applied = True
+        return bool(missing)
+
+    REGISTRY.applied = True
+    if missing_from(engine_methods):  # every other patch acts through the engines' wrappers
+        return
+    applied = [patch for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class,
+                                   partition_profile, pipeline_checkpoint, zero_pipeline_groups)
+               if not missing_from(patch)]
+    for patch in applied:
+        if hasattr(patch, "install"):
+            patch.install()
+    engine_methods.install(when_built=[patch.engine_built for patch in applied if hasattr(patch, "engine_built")],
+                           during_init=[flops_profiler_config.true_start_up_line]
+                           if flops_profiler_config in applied else [])

@@ -11,14 +11,12 @@ every stage that started through the next train_batch and reports the whole pipe
 (profiler/user_code_profiler.py). Any other model (a plain module, a plain engine) gets DeepSpeed's
 FlopsProfiler, unchanged; so does get_model_profile.
 """
-import functools
-
 from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler
-from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from patches import engine_registry
 from patches.profiler import store_exchange
+from patches.profiler.attachment import attachment_of
 from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
+from patches.registry import pipeline_engine_of, register_pipeline
 
 WHAT_IT_FIXES = "FlopsProfiler(model[0]) on a PipelineEngine"
 
@@ -26,26 +24,22 @@ WHAT_IT_FIXES = "FlopsProfiler(model[0]) on a PipelineEngine"
 def requires():
     return [(FlopsProfiler, name) for name in ("start_profile", "stop_profile", "end_profile", "print_model_profile",
                                                "print_model_aggregated_profile", "get_total_flops")] + \
-        [(PipelineEngine, "__init__")] + store_exchange.requires()
+        store_exchange.requires()
 
 
 def install():
-    PipelineEngine.__init__ = _registering_init(PipelineEngine.__init__)
     FlopsProfiler.__new__ = staticmethod(_pipeline_aware_new)
 
 
-def _registering_init(original_init):
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        engine_registry.register(self)
-
-    return __init__
+def engine_built(engine):
+    """A PipelineEngine's module is known to be its own (FlopsProfiler(model[0].module) profiles the engine)."""
+    if attachment_of(engine).runs_a_schedule:
+        register_pipeline(engine)
 
 
 def _pipeline_aware_new(cls, model=None, ds_engine=None, *args, **kwargs):
     """FlopsProfiler(model, ds_engine=None, recompute_fwd_factor=0.0): the pipeline-aware profiler where
     model (or ds_engine) is a PipelineEngine; Python then runs its __init__ with the same arguments."""
-    if cls is FlopsProfiler and engine_registry.pipeline_engine_of(model, ds_engine) is not None:
+    if cls is FlopsProfiler and pipeline_engine_of(model, ds_engine) is not None:
         return object.__new__(UserCodeFlopsProfiler)
     return object.__new__(cls)

@@ -24,7 +24,7 @@ from typing import Callable, List, Optional
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
 from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags
-from patches.profiler.module_profiler import defer_backward_work
+from patches.registry import REGISTRY
 
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
 # Where upstream's zero-bubble schedule keeps the weight-gradient GEMMs it defers out of the backward pass.
@@ -32,41 +32,21 @@ WEIGHT_GRAD_STORE = "megatron.core.tensor_parallel.weight_grad_store"
 STILL_WORKS = "the DeepSpeed config's flops_profiler section still profiles pipeline runs"
 
 
-class _State:
-    """What install() was told, whether the Megatron found profiles itself, and the run's profile schedule."""
-    installed = False
-    profile_step_requested = False
-    megatron_profiles_itself = False
-    schedule = None  # one_step.ProfileSchedule, made from the parsed arguments on first use
-    trained = None  # a weak reference to the engine upstream's train_step trains (model[0])
-
-
 def install(argv: List[str]) -> None:
     """Patch the Megatron the script will import (now, if it is imported already). argv: the script's arguments,
     to know whether --profile-flops-step was asked for (a missing part is then an error, not a warning)."""
-    _State.profile_step_requested = any(arg == PROFILE_STEP_FLAG or arg.startswith(PROFILE_STEP_FLAG + "=")
-                                        for arg in argv)
-    if _State.installed:  # the launcher and a one-line edit both asked: patch once
+    if REGISTRY.megatron_patched:  # the launcher and a one-line edit both asked: patch once
         return
-    _State.installed = True
-    after_import("megatron", _note_self_profiling)
-    after_import("megatron.arguments", _patch_parse_args)
-    after_import("megatron.training", _patch_train_step)
-    after_import(WEIGHT_GRAD_STORE, _patch_weight_grad_store)
+    REGISTRY.megatron_patched = True
+    run = UpstreamRun(any(arg == PROFILE_STEP_FLAG or arg.startswith(PROFILE_STEP_FLAG + "=") for arg in argv))
+    after_import("megatron.arguments", run.patch_parse_args)
+    after_import("megatron.training", run.patch_train_step)
+    after_import(WEIGHT_GRAD_STORE, run.patch_weight_grad_store)
 
 
-def _note_self_profiling(package: ModuleType) -> None:
-    _State.megatron_profiles_itself = bool(getattr(package, "PROFILES_WITH_PATCHES", False))
-
-
-def _missing(what: str, module: ModuleType) -> None:
-    """One line naming the upstream part not found; exit 2 when --profile-flops-step needs it."""
-    where = getattr(module, "__file__", module.__name__)
-    message = f"patches.launch: this Megatron has no {what} ({where}): --profile-flops-step is not available; "
-    if _State.profile_step_requested:
-        exit_with_one_line(message + f"remove it ({STILL_WORKS})")
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"warning: {message}{STILL_WORKS}", file=sys.stderr, flush=True)
+def _profiles_itself() -> bool:
+    """Our GPT fork says PROFILES_WITH_PATCHES = True in its package: it runs the patch set itself."""
+    return bool(getattr(sys.modules.get("megatron"), "PROFILES_WITH_PATCHES", False))
 
 
 def _replace(module: ModuleType, name: str, original: Callable, patched: Callable) -> None:
@@ -78,22 +58,114 @@ def _replace(module: ModuleType, name: str, original: Callable, patched: Callabl
             setattr(other, name, patched)
 
 
+class UpstreamRun:
+    """The patches to one run's upstream Megatron, and what they keep: its door (megatron_door.MegatronDoor, made
+    from its parsed arguments at its first train_step) and, weakly, the engine that train_step trains."""
+
+    def __init__(self, profile_step_requested: bool):
+        self.profile_step_requested = profile_step_requested
+        self.door = None
+        self.trained = None  # weakref.ref to model[0], the engine train_step trains
+
+    def missing(self, what: str, module: ModuleType) -> None:
+        """One line naming the upstream part not found; exit 2 when --profile-flops-step needs it."""
+        where = getattr(module, "__file__", module.__name__)
+        message = f"patches.launch: this Megatron has no {what} ({where}): --profile-flops-step is not available; "
+        if self.profile_step_requested:
+            exit_with_one_line(message + f"remove it ({STILL_WORKS})")
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"warning: {message}{STILL_WORKS}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------ the flags
+    def patch_parse_args(self, module: ModuleType) -> None:
+        if _profiles_itself():
+            return
+        original = getattr(module, "parse_args", None)
+        if not callable(original) or "extra_args_provider" not in inspect.signature(original).parameters:
+            self.missing("megatron.arguments.parse_args(extra_args_provider, ...)", module)
+            return
+        _replace(module, "parse_args", original, _parse_args_with_profiler_flags(original))
+
+    # ------------------------------------------------------------ the profiled iteration
+    def patch_train_step(self, module: ModuleType) -> None:
+        if _profiles_itself():
+            return
+        original = getattr(module, "train_step", None)
+        if not callable(original) or \
+                list(inspect.signature(original).parameters)[:len(TRAIN_STEP_LEADING_PARAMETERS)] \
+                != TRAIN_STEP_LEADING_PARAMETERS:
+            self.missing(f"megatron.training.train_step({', '.join(TRAIN_STEP_LEADING_PARAMETERS)}, ...)", module)
+            return
+        global_vars = sys.modules.get("megatron.global_vars")
+        if global_vars is None or not callable(getattr(global_vars, "get_args", None)):
+            self.missing("megatron.global_vars.get_args()", module)
+            return
+
+        @functools.wraps(original)
+        def train_step(*args, **kwargs):
+            model = kwargs["model"] if "model" in kwargs else args[2]
+            engine = model[0] if isinstance(model, (list, tuple)) and model else None
+            if engine is None or not hasattr(engine, "global_steps"):  # not a DeepSpeed engine: nothing to do
+                return original(*args, **kwargs)
+            self.trained = weakref.ref(engine)
+            megatron_args = global_vars.get_args()
+            # Upstream's own timers are its business: the door times its train_step, the unprofiled
+            # iterations the report compares with on the clock the profiled one is timed on.
+            return self.door_of(megatron_args, global_vars).train_step(
+                engine, _iteration_being_run(megatron_args), lambda: original(*args, **kwargs))
+
+        _replace(module, "train_step", original, train_step)
+
+    def door_of(self, args: Namespace, global_vars: ModuleType):
+        """The run's one door, made on first use from upstream's parsed arguments."""
+        if self.door is None:
+            from patches.megatron_door import MegatronDoor
+
+            get_writer = getattr(global_vars, "get_tensorboard_writer", None)
+            self.door = MegatronDoor(args, functools.partial(_describe_run, args),
+                                     tensorboard_writer=get_writer() if callable(get_writer) else None,
+                                     shapes_change=shapes_change(args))
+        return self.door
+
+    # ------------------------------------------------------------ the zero-bubble schedule
+    def patch_weight_grad_store(self, module: ModuleType) -> None:
+        """Upstream's WeightGradStore.put(total_input, grad_output, weight, func) keeps, in BackwardOnlyPass, the
+        weight-gradient GEMM `func` of the parallel linear whose backward runs, and WeightPass runs it later,
+        outside autograd. Handed over to the trained engine's measurement as that linear's deferred backward work,
+        its FLOPs and time are the linear's backward, as under 1F1B (without this, the stage's). Absent or unlike
+        upstream's: left alone."""
+        if _profiles_itself():
+            return
+        store = getattr(module, "WeightGradStore", None)
+        put = inspect.getattr_static(store, "put", None) if store is not None else None
+        if not isinstance(put, classmethod):
+            return
+        original = put.__func__
+
+        @functools.wraps(original)
+        def deferring_put(cls, *args, **kwargs):
+            measurement = self.measuring()
+            if measurement is not None and args and callable(args[-1]):  # put(total_input, grad_output, weight, func)
+                args = args[:-1] + (measurement.deferred_backward(args[-1]),)
+            return original(cls, *args, **kwargs)
+
+        store.put = classmethod(deferring_put)
+
+    def measuring(self):
+        """The measurement attached to the engine train_step trains, or None."""
+        from patches.profiler.attachment import attached
+
+        engine = self.trained() if self.trained is not None else None
+        attachment = attached(engine) if engine is not None else None
+        return attachment.measurement if attachment is not None else None
+
+
 # ---------------------------------------------------------------- the flags
 def check_upstream_profiler_flags(args: Namespace) -> None:
     """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run."""
     if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
     check_profiler_flags(args)
-
-
-def _patch_parse_args(module: ModuleType) -> None:
-    if _State.megatron_profiles_itself:
-        return
-    original = getattr(module, "parse_args", None)
-    if not callable(original) or "extra_args_provider" not in inspect.signature(original).parameters:
-        _missing("megatron.arguments.parse_args(extra_args_provider, ...)", module)
-        return
-    _replace(module, "parse_args", original, _parse_args_with_profiler_flags(original))
 
 
 def _parse_args_with_profiler_flags(original: Callable) -> Callable:
@@ -122,77 +194,13 @@ def _parse_args_with_profiler_flags(original: Callable) -> Callable:
 
 
 def _announce(args: Namespace) -> None:
-    if args.profile_flops_step is None:
+    if args.profile_flops_step is None or int(os.environ.get("RANK", "0")) != 0:
         return
-    from patches.flops_profiler_config import yield_to_flag
-    from patches.profiler.one_step import counting_announcement
+    from patches.megatron_door import announcement
 
-    yield_to_flag(args.profile_flops_step)
-    if int(os.environ.get("RANK", "0")) == 0:
-        # Upstream loads its checkpoint after parsing: where this run starts is not known yet.
-        where = counting_announcement(args.profile_flops_step, args.profile_flops_counting, None, shapes_change(args))
-        print(f"> FLOPs profiler (patches): iteration {args.profile_flops_step} will be profiled on every stage"
-              f"{where}; report files in {args.profile_flops_output}", flush=True)
-
-
-# ---------------------------------------------------------------- the profiled iteration
-def _patch_train_step(module: ModuleType) -> None:
-    if _State.megatron_profiles_itself:
-        return
-    original = getattr(module, "train_step", None)
-    if not callable(original) or \
-            list(inspect.signature(original).parameters)[:len(TRAIN_STEP_LEADING_PARAMETERS)] \
-            != TRAIN_STEP_LEADING_PARAMETERS:
-        _missing(f"megatron.training.train_step({', '.join(TRAIN_STEP_LEADING_PARAMETERS)}, ...)", module)
-        return
-    global_vars = sys.modules.get("megatron.global_vars")
-    if global_vars is None or not callable(getattr(global_vars, "get_args", None)):
-        _missing("megatron.global_vars.get_args()", module)
-        return
-    _replace(module, "train_step", original, _profiling_train_step(original, global_vars))
-    from patches.profiler.context import register_run_describer
-
-    register_run_describer(functools.partial(_describe_current_run, global_vars))
-
-
-def _profiling_train_step(original: Callable, global_vars: ModuleType) -> Callable:
-    @functools.wraps(original)
-    def train_step(*args, **kwargs):
-        model = kwargs["model"] if "model" in kwargs else args[2]
-        _remember_trained(model)
-        megatron_args = global_vars.get_args()
-        if getattr(megatron_args, "profile_flops_step", None) is None:
-            return original(*args, **kwargs)
-        # Upstream's own timers are its business: the schedule times its train_step, the unprofiled
-        # iterations the report compares with on the clock the profiled one is timed on.
-        return _schedule_of(megatron_args, global_vars).run(model[0], _iteration_being_run(megatron_args),
-                                                            lambda: original(*args, **kwargs))
-
-    return train_step
-
-
-def _remember_trained(model) -> None:
-    """The engine upstream's arguments describe (model[0], a DeepSpeed engine), weakly, for _describe_current_run."""
-    engine = model[0] if isinstance(model, (list, tuple)) and model else None
-    if engine is not None and (_State.trained is None or _State.trained() is not engine):
-        try:
-            _State.trained = weakref.ref(engine)
-        except TypeError:  # not an engine: nothing to describe
-            _State.trained = None
-
-
-def _schedule_of(args: Namespace, global_vars: ModuleType):
-    """The run's one ProfileSchedule, made on first use from upstream's parsed arguments."""
-    from patches.profiler.one_step import FileOutput, ProfileSchedule
-
-    if _State.schedule is None:
-        get_writer = getattr(global_vars, "get_tensorboard_writer", None)
-        writer = get_writer() if callable(get_writer) else None
-        _State.schedule = ProfileSchedule(args.profile_flops_step, functools.partial(_describe_run, args),
-                                          FileOutput(args.profile_flops_output, writer),
-                                          counting=args.profile_flops_counting, shapes_change=shapes_change(args),
-                                          last_iteration=getattr(args, "train_iters", None))
-    return _State.schedule
+    # Upstream loads its checkpoint after parsing: where this run starts is not known yet.
+    print(f"> FLOPs profiler (patches): {announcement(args, None, shapes_change(args))}; report files in "
+          f"{args.profile_flops_output}", flush=True)
 
 
 def shapes_change(args: Namespace) -> Optional[str]:
@@ -234,7 +242,17 @@ def _iteration_being_run(args: Namespace) -> int:
 
 def _describe_run(args: Namespace, engine):
     """What upstream's arguments say of the run, for the report (RunDescription): at the sequence length the
-    iteration ran (curriculum learning's, where it is on)."""
+    iteration ran (curriculum learning's, where it is on). A fork whose arguments lack what the description
+    reads gets a report without those lines."""
+    from patches.profiler.context import UNDESCRIBED
+
+    try:
+        return _described(args, engine)
+    except (AttributeError, TypeError):
+        return UNDESCRIBED
+
+
+def _described(args: Namespace, engine):
     from patches.profiler.analytic_flops import recompute_shortfall
     from patches.profiler.context import RunDescription
 
@@ -251,46 +269,11 @@ def _describe_run(args: Namespace, engine):
                           log_line_flops=upstream_log_line_flops(log_line))
 
 
-def _describe_current_run(global_vars: ModuleType, engine):
-    """_describe_run of upstream's parsed arguments, for the reports its train_step does not ask for (the config
-    section's, the user's own FlopsProfiler code's); None for another engine than the one train_step trains,
-    or for a fork whose arguments lack what the description reads."""
-    if _State.trained is None or _State.trained() is not engine:
-        return None
-    try:
-        return _describe_run(global_vars.get_args(), engine)
-    except (AttributeError, TypeError):  # a fork without these arguments: the report has no such lines
-        return None
-
-
 def iteration_seq_length(args: Namespace) -> int:
     """The sequence length the current iteration runs: curriculum learning's (args.curriculum_seqlen, which
     upstream's train() sets before each train_step) where it is on, else --seq-length."""
     seqlen = getattr(args, "curriculum_seqlen", None)
     return int(seqlen) if _curriculum(args) and seqlen else args.seq_length
-
-
-# ---------------------------------------------------------------- the zero-bubble schedule
-def _patch_weight_grad_store(module: ModuleType) -> None:
-    """Upstream's WeightGradStore.put(total_input, grad_output, weight, func) keeps, in BackwardOnlyPass, the
-    weight-gradient GEMM `func` of the parallel linear whose backward runs, and WeightPass runs it later,
-    outside autograd. Handed over as that linear's deferred backward work, its FLOPs and time are the
-    linear's backward, as under 1F1B (without this, the stage's). Absent or unlike upstream's: left alone."""
-    if _State.megatron_profiles_itself:
-        return
-    store = getattr(module, "WeightGradStore", None)
-    put = inspect.getattr_static(store, "put", None) if store is not None else None
-    if not isinstance(put, classmethod):
-        return
-    original = put.__func__
-
-    @functools.wraps(original)
-    def deferring_put(cls, *args, **kwargs):
-        if args and callable(args[-1]):  # put(total_input, grad_output, weight, func)
-            args = args[:-1] + (defer_backward_work(args[-1]),)
-        return original(cls, *args, **kwargs)
-
-    store.put = classmethod(deferring_put)
 
 
 def upstream_log_line_flops(args: Namespace) -> Optional[float]:

@@ -26,13 +26,12 @@ from patches.errors import PatchConfigError
 from patches.profiler import store_exchange
 from patches.profiler.layers import layer_types
 from patches.profiler.report import plan_from_table, shared_on_one_stage
+from patches.registry import REGISTRY
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
 ENVIRONMENT = "DS_PIPE_PARTITION_PROFILE"
 
-_every_pipeline = {"report": None}  # --pp-partition-from-profile
-_modules_built = {"count": 0}  # every rank builds its PipelineModules in the same order: the n-th one's keys match
 
 
 def requires():
@@ -44,9 +43,9 @@ def install():
 
     def _partition_layers(self, method="uniform"):
         """DeepSpeed gap: partition_method='profile' raises NotImplementedError in every release."""
-        if _every_pipeline["report"] is None and not names_a_profile(method):  # the same answer on every rank
+        report = REGISTRY.settings.partition_report  # --pp-partition-from-profile
+        if report is None and not names_a_profile(method):  # the same answer on every rank
             return original(self, method)
-        report = _every_pipeline["report"]
         try:
             report = report or report_named_by(method)
             parts, error = profiled_parts(report, layer_types(self), self.num_stages), None
@@ -58,13 +57,12 @@ def install():
                   flush=True)
         self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
 
-    _partition_layers.__wrapped__ = original
     PipelineModule._partition_layers = _partition_layers
 
 
 def use_for_every_pipeline(report: Optional[str]) -> None:
     """Cut every PipelineModule built from now on by this report, whatever its partition_method (None: stop)."""
-    _every_pipeline["report"] = report
+    REGISTRY.settings.partition_report = report
 
 
 def names_a_profile(method) -> bool:
@@ -79,9 +77,9 @@ def agreed_parts(report: Optional[str], parts: Optional[List[int]], error: Optio
         if error is not None:
             raise PatchConfigError(error)
         return parts
-    _modules_built["count"] += 1
+    REGISTRY.pipeline_modules_built += 1  # every rank builds its PipelineModules in the same order
     world = dist.get_world_size()
-    results = store_exchange.every_ranks(f"partition_profile/module{_modules_built['count']}", (parts, error))
+    results = store_exchange.every_ranks(f"partition_profile/module{REGISTRY.pipeline_modules_built}", (parts, error))
     failed = [other for other, (_, other_error) in enumerate(results) if other_error is not None]
     if failed:
         first = results[failed[0]][1]

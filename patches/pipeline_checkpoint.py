@@ -22,11 +22,11 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from patches.errors import PatchConfigError
+from patches.registry import REGISTRY
 
 WHAT_IT_FIXES = "a pipeline checkpoint resumed under another partition"
 PARTS_KEY = "pipeline_parts"
 
-_drop_optimizer_state = {"across_partitions": False}
 
 
 def requires():
@@ -58,7 +58,7 @@ def install():
         if saved is None or saved == parts:
             return original_load(self, load_dir, tag, **options)
         asked = options.get("load_optimizer_states", True) and not options.get("load_module_only", False)
-        if asked and not _drop_optimizer_state["across_partitions"]:
+        if asked and not REGISTRY.settings.drop_optimizer_state_across_partitions:
             raise PatchConfigError(
                 f"checkpoint {resolved} in {load_dir} was saved with pipeline parts {saved}, this run cuts the "
                 f"layers at {parts}: the weights are saved per layer and move, the optimizer state is saved per "
@@ -76,7 +76,6 @@ def install():
                   "afresh", flush=True)
         return load_path, client_state
 
-    save_checkpoint.__wrapped__, load_checkpoint.__wrapped__ = original_save, original_load
     DeepSpeedEngine.save_checkpoint, DeepSpeedEngine.load_checkpoint = save_checkpoint, load_checkpoint
 
 
@@ -84,7 +83,7 @@ def drop_optimizer_state_across_partitions(drop: bool) -> None:
     """Megatron's --no-load-optim: from a checkpoint of other parts, load the weights without the optimizer state
     (with DeepSpeed, upstream Megatron ignores the flag: the optimizer state is loaded; where it cannot be, this
     is the flag's own meaning)."""
-    _drop_optimizer_state["across_partitions"] = bool(drop)
+    REGISTRY.settings.drop_optimizer_state_across_partitions = bool(drop)
 
 
 # DeepSpeedEngine.load_checkpoint's options after (load_dir, tag), in order

@@ -20,29 +20,24 @@ from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from patches.errors import PatchConfigError
 from patches.profiler import store_exchange
+from patches.profiler.attachment import attachment_of
 
 WHAT_IT_FIXES = "ZeRO stage 1 on pipeline stages with unequal optimizer parameter groups (a hang)"
-
-_engines_built = {"count": 0}  # every rank builds its engines in the same order: the n-th engine's key is shared
 
 
 def requires():
     return [(PipelineEngine, "__init__"), *store_exchange.requires()]
 
 
-def install():
-    original_init = PipelineEngine.__init__
-
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        _engines_built["count"] += 1
-        groups = getattr(self.optimizer, "bit16_groups", None)  # set by ZeRO's __init__, one list a group
-        if isinstance(self.optimizer, DeepSpeedZeroOptimizer) and groups is not None and dist.is_initialized():
-            check_equal_groups(f"engine{_engines_built['count']}", self.stage_id, len(groups),
-                               self.zero_optimization_stage())
-
-    __init__.__wrapped__ = original_init
-    PipelineEngine.__init__ = __init__
+def engine_built(engine):
+    """Once a PipelineEngine is built: its stages' optimizer groups compared (the engine's ordinal names it alike
+    on every rank, which build their engines in the same order)."""
+    attachment = attachment_of(engine)
+    groups = getattr(engine.optimizer, "bit16_groups", None)  # set by ZeRO's __init__, one list a group
+    if attachment.runs_a_schedule and isinstance(engine.optimizer, DeepSpeedZeroOptimizer) and groups is not None \
+            and dist.is_initialized():
+        check_equal_groups(f"engine{attachment.ordinal}", engine.stage_id, len(groups),
+                           engine.zero_optimization_stage())
 
 
 def check_equal_groups(name: str, stage: int, groups: int, zero_stage: int) -> None:

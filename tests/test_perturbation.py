@@ -4,7 +4,7 @@ IterationTiming); the schedule that decides which iteration counts, which is pro
 clock (patches/profiler/one_step.py)."""
 import pytest
 
-from patches.profiler.context import UNDESCRIBED, IterationTiming
+from patches.profiler.context import IterationTiming
 from patches.profiler.files import validate_report
 from patches.profiler.one_step import (
     COUNT,
@@ -117,8 +117,7 @@ def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
 
 
 def schedule(profile_step, counting="previous", shapes_change=None):
-    return ProfileSchedule(profile_step, lambda engine: UNDESCRIBED, output=None, counting=counting,
-                           shapes_change=shapes_change)
+    return ProfileSchedule(profile_step, counting=counting, shapes_change=shapes_change)
 
 
 def test_the_schedule_counts_in_the_iteration_before_profiles_one_and_times_the_rest():
@@ -147,7 +146,7 @@ def test_a_run_whose_shapes_change_counts_in_the_profiled_iteration_and_says_why
 
 def test_the_schedule_times_each_unprofiled_iteration_on_its_clock():
     timed = schedule(5)
-    assert [timed.run(None, i, lambda i=i: i * 10) for i in (1, 2, 3)] == [10, 20, 30]  # their results, as run
+    assert [timed.run(None, i, lambda i=i: i * 10) for i in (1, 2, 3)] == [(10, None), (20, None), (30, None)]
     assert sorted(timed.clock.seconds) == [1, 2, 3] and timed.clock.first == 1
 
 

@@ -4,11 +4,9 @@ lets go of a counting pass whose profiled iteration never came."""
 import gc
 import weakref
 
-import torch
-
-from patches import engine_registry
 from patches.profiler.api import ProfilerAPI
-from patches.profiler.context import UNDESCRIBED, RunDescription
+from patches.profiler.attachment import attached, attachment_of
+from patches.profiler.context import RunDescription
 from patches.profiler.measurement import CountingPass, StageMeasurement
 from patches.profiler.one_step import ProfileSchedule
 from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
@@ -53,23 +51,21 @@ def test_pipeline_profiler_takes_the_run_whole_or_by_its_fields():
 
 
 def test_the_schedule_drops_a_counting_pass_whose_profiled_iteration_did_not_come():
-    schedule = ProfileSchedule(5, lambda engine: UNDESCRIBED, output=None)
+    schedule = ProfileSchedule(5)
     schedule._counted = CountingPass(4, module_profiler=None)  # counted in 4; 5 went elsewhere (user code)
-    assert schedule.run(None, 6, lambda: "loss") == "loss"
+    assert schedule.run(None, 6, lambda: "loss") == ("loss", None)
     assert schedule._counted is None
 
 
-def test_the_engine_registry_never_keeps_an_engine_alive():
-    class Engine:  # what the registry reads of a PipelineEngine: its module
-        def __init__(self):
-            self.module = torch.nn.Linear(2, 2)
+def test_an_engine_attachment_goes_with_its_engine_and_its_ordinal_is_never_reused():
+    class Engine:  # what the attachment reads of an engine: its __dict__, and its class
+        pass
 
     engine = Engine()
-    engine_registry.register(engine)
-    ordinal, gone = engine_registry.engine_ordinal(engine), weakref.ref(engine)
+    assert attached(engine) is None
+    ordinal, gone = attachment_of(engine).ordinal, weakref.ref(engine)
+    assert attached(engine) is attachment_of(engine) and not attachment_of(engine).runs_a_schedule
     del engine
     gc.collect()
     assert gone() is None
-    later = Engine()
-    engine_registry.register(later)
-    assert engine_registry.engine_ordinal(later) == ordinal + 1  # an ordinal is never reused
+    assert attachment_of(Engine()).ordinal == ordinal + 1  # an ordinal is never reused

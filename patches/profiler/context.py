@@ -8,7 +8,7 @@
   report.build_report reads besides the ranks' entries.
 """
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from patches.profiler.peaks import peak_tflops_for
 
@@ -33,24 +33,16 @@ class RunDescription:
 
 UNDESCRIBED = RunDescription()  # a run nothing is known of beyond its engine (a plain DeepSpeed script)
 
-# What the Megatron of this process knows of its run, for the reports its training loop does not ask for (the
-# config section's, the user's own FlopsProfiler code's): each describer returns a RunDescription, or None
-# where it knows nothing (no Megatron arguments parsed yet). Registered by the Megatron patches and our fork.
-_DESCRIBERS: List[Callable[["DeepSpeedEngine"], Optional[RunDescription]]] = []
-
-
-def register_run_describer(describe: Callable[["DeepSpeedEngine"], Optional[RunDescription]]) -> None:
-    if describe not in _DESCRIBERS:
-        _DESCRIBERS.append(describe)
-
 
 def describe_run(engine: "DeepSpeedEngine") -> RunDescription:
-    """What a registered describer says of the run `engine` trains, else UNDESCRIBED."""
-    for describe in _DESCRIBERS:
-        description = describe(engine)
-        if description is not None:
-            return description
-    return UNDESCRIBED
+    """What the training loop that trains `engine` says of its run (its door's describe, on the engine's
+    attachment), else UNDESCRIBED: for the reports that loop does not ask for itself (the config section's, the
+    user's own FlopsProfiler code's)."""
+    from patches.profiler.attachment import attached
+
+    attachment = attached(engine)
+    describe = attachment.describe if attachment is not None else None
+    return describe(engine) if describe is not None else UNDESCRIBED
 
 
 @dataclass(frozen=True)

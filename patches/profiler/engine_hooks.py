@@ -3,17 +3,17 @@
 - the schedule instructions: PipelineEngine._exec_schedule looks each instruction up in
   `self._INSTRUCTION_MAP`; an instance attribute of that name shadows the class's map, so timing
   one engine touches no class and no other engine;
-- `train_batch` (a PipelineEngine) or `forward`, `backward` and `step` (a plain DeepSpeedEngine,
-  whose calls are timed as the instructions they correspond to), shadowed on the instance;
 - TiedLayerSpec(forward_fn=...) entries of a PipelineModule, which are plain function calls that no
   module hook sees: each is swapped for a proxy that runs it under the tied module's scope.
-Removing restores every attribute and list entry as it was; deleting an instance attribute
-uncovers the class's method again.
+Removing restores every attribute and list entry as it was; deleting the instance attribute uncovers the
+class's map again. The engine's own methods are never shadowed: their one class-level wrapper
+(patches/engine_methods.py) hands train_batch to time_train_batch, and a plain engine's forward, backward and
+step to the instruction timer (InstructionTimer.run), while this engine's measurement is attached.
 """
 import functools
 import time
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import deepspeed.runtime.pipe.schedule as ds_schedule
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -22,10 +22,7 @@ from patches.profiler.instructions import BACKWARD_OUTSIDE_AUTOGRAD
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleProfiler
 
-# A plain DeepSpeedEngine has no schedule: its forward, backward and step are timed as the
-# pipeline instructions they correspond to.
-PLAIN_ENGINE_INSTRUCTIONS = {"forward": "ForwardPass", "backward": "BackwardPass", "step": "OptimizerStep"}
-
+Result = TypeVar("Result")
 
 # (instruction name, its keyword arguments, start, end): one schedule instruction as it ran.
 InstructionEvent = Tuple[str, Dict[str, Any], float, float]
@@ -49,15 +46,19 @@ class InstructionTimer:
     def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """fn(engine, ...) wrapped with a synchronize and a clock read on both sides."""
         def run(engine, *args, **kwargs):
-            start = synchronized_clock(self.synchronize)
-            try:
-                return fn(engine, *args, **kwargs)
-            finally:
-                end = synchronized_clock(self.synchronize)
-                self.totals[name] += end - start
-                self.counts[name] += 1
-                self.events.append((name, kwargs, start, end))
+            return self.run(name, functools.partial(fn, engine, *args, **kwargs), kwargs)
         return run
+
+    def run(self, name: str, call: Callable[[], Result], kwargs: Optional[Dict[str, Any]] = None) -> Result:
+        """call(), timed as instruction `name` (kwargs: the instruction's, for its event)."""
+        start = synchronized_clock(self.synchronize)
+        try:
+            return call()
+        finally:
+            end = synchronized_clock(self.synchronize)
+            self.totals[name] += end - start
+            self.counts[name] += 1
+            self.events.append((name, kwargs or {}, start, end))
 
     def reset(self) -> None:
         self.totals.clear()
@@ -75,9 +76,8 @@ class DeepSpeedInternalsMissing(RuntimeError):
 def missing_internals(engine: DeepSpeedEngine, layout: EngineLayout) -> List[str]:
     """The private DeepSpeed names this engine lacks of those the hooks use."""
     if not layout.is_pipeline:
-        return [f"DeepSpeedEngine.{name}" for name in PLAIN_ENGINE_INSTRUCTIONS if not hasattr(type(engine), name)]
+        return []
     wanted = [(type(engine), "PipelineEngine._INSTRUCTION_MAP", "_INSTRUCTION_MAP"),
-              (type(engine), "PipelineEngine.train_batch", "train_batch"),
               (engine.module, "PipelineModule.forward_funcs", "forward_funcs"),
               (engine.module, "PipelineModule.tied_modules", "tied_modules")]
     return [label for owner, label, name in wanted if not hasattr(owner, name)]
@@ -93,10 +93,8 @@ class EngineHooks:
     """The instruction timer, the train_batch clock and the tied forward proxies of one engine."""
 
     def __init__(self, engine: DeepSpeedEngine, layout: EngineLayout, module_profiler: ModuleProfiler,
-                 synchronize: Callable[[], None], after_train_batch: Optional[Callable[[], None]] = None):
-        """after_train_batch: called once the timed train_batch has returned or raised (a PipelineEngine)."""
+                 synchronize: Callable[[], None]):
         self.engine = engine
-        self.after_train_batch = after_train_batch
         self.layout = layout
         self.module_profiler = module_profiler
         self.synchronize = synchronize
@@ -122,11 +120,6 @@ class EngineHooks:
                                                      if instruction.__name__ in BACKWARD_OUTSIDE_AUTOGRAD else method)
                 for instruction, method in type(engine)._INSTRUCTION_MAP.items()})
             self.schedule = getattr(ds_schedule.TrainSchedule, "__name__", None)
-            self._shadow("train_batch", self._timed_train_batch)
-        else:
-            for method, instruction in PLAIN_ENGINE_INSTRUCTIONS.items():
-                timed = self.instructions.timed(instruction, _unpatched(getattr(type(engine), method)))
-                self._shadow(method, functools.partial(timed, engine))
 
     def remove(self) -> None:
         for undo in reversed(self._undo):
@@ -152,14 +145,13 @@ class EngineHooks:
             return self._train_batch_s
         return self._window[1] - self._window[0]
 
-    def _timed_train_batch(self, *args, **kwargs):
+    def time_train_batch(self, train_batch: Callable[[], Result]) -> Result:
+        """A PipelineEngine's train_batch(), timed: the profiled iteration's time."""
         start = synchronized_clock(self.synchronize)
         try:
-            return _unpatched(type(self.engine).train_batch)(self.engine, *args, **kwargs)
+            return train_batch()
         finally:
             self._train_batch_s += synchronized_clock(self.synchronize) - start
-            if self.after_train_batch is not None:
-                self.after_train_batch()
 
     def _as_backward(self, method: Callable[..., Any]) -> Callable[..., Any]:
         """An instruction whose work is backward work run outside autograd (BACKWARD_OUTSIDE_AUTOGRAD)."""
@@ -191,7 +183,3 @@ class EngineHooks:
                 delattr(engine, name)
         self._undo.append(undo)
 
-
-def _unpatched(method):
-    """patches wraps the engines' train_batch, forward and step; the profiler itself runs the originals."""
-    return getattr(method, "__wrapped__", method)

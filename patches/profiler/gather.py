@@ -48,33 +48,20 @@ class ReportGroups:
 
     @classmethod
     def for_layout(cls, layout: EngineLayout) -> "ReportGroups":
-        """Collective: every rank enters the same new_group calls in the same order. Made once per
-        process group and layout; profiling the same engine again reuses them."""
-        # the replica's rank grid decides every group (the topology's axis order included)
-        key = (id(dist.group.WORLD), layout.world_size, tuple(tuple(layout.tensor_ranks(s)) for s in range(layout.pp)))
-        if key not in _GROUPS:
-            rank = dist.get_rank()
-            world = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-            tensor = None
-            if layout.tp > 1:
-                for stage in range(layout.pp):
-                    ranks = layout.tensor_ranks(stage)
-                    group = dist.new_group(ranks=ranks, backend="gloo")
-                    if rank in ranks:
-                        tensor = group
-            ranks = layout.stage_leaders()
-            leaders = dist.new_group(ranks=ranks, backend="gloo")
-            _GROUPS[key] = cls(world, tensor, leaders if rank in ranks else None)
-        return _GROUPS[key]
-
-
-_GROUPS = {}
-
-
-def forget_report_groups() -> None:
-    """Drop the cached report groups (after destroy_process_group): a gloo group's worker threads end with
-    its last reference, which must go before the interpreter finalizes."""
-    _GROUPS.clear()
+        """Collective: every rank enters the same new_group calls in the same order. Made once per engine (its
+        attachment keeps them: profiling the same engine again reuses them, and they go with it)."""
+        rank = dist.get_rank()
+        world = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        tensor = None
+        if layout.tp > 1:
+            for stage in range(layout.pp):
+                ranks = layout.tensor_ranks(stage)
+                group = dist.new_group(ranks=ranks, backend="gloo")
+                if rank in ranks:
+                    tensor = group
+        ranks = layout.stage_leaders()
+        leaders = dist.new_group(ranks=ranks, backend="gloo")
+        return cls(world, tensor, leaders if rank in ranks else None)
 
 
 def measure_clock_offset(rounds: int = CLOCK_PING_ROUNDS, clock: Callable[[], float] = time.perf_counter,

@@ -1,32 +1,32 @@
 """One rank's measurement of its stage: attach to the engine, measure one iteration, detach, and the rank's entry.
 
     measurement = StageMeasurement(engine)
-    measurement.start()          # a ModuleProfiler on the stage module, EngineHooks on the engine
-    engine.train_batch(...)      # (or forward / backward / step on a plain DeepSpeedEngine)
+    measurement.start()          # a ModuleProfiler on the stage module, EngineHooks on the engine; it is the
+                                 # engine's attached measurement (attachment.py)
+    engine.train_batch(...)      # (or forward / backward / step on a plain DeepSpeedEngine), timed by it
     measurement.stop()
     measurement.entry()          # this rank's RankEntry: local, no collective
     measurement.detach()         # every hook gone: the engine runs as if never profiled
 
 Where the FLOPs come from is decided at start: counted by a dispatch mode in the measured iteration itself,
-or taken from a counting pass over the iteration before (count_flops), so that the measured iteration runs
+or taken from a counting pass over the iteration before (one_step.ProfileSchedule), so that the measured iteration runs
 without the mode; its module calls are then checked against the counted ones (calls_differ).
 What the measurements become (a report, gathered or read from the store) is the report sources' job
 (sources.py).
 """
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.profiler.attachment import attachment_of
 from patches.profiler.engine_hooks import EngineHooks
 from patches.profiler.entry import RankEntry, build_rank_entry
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler
 
-# Set on an engine while a measurement is attached: the patches fix DeepSpeed's timers for it, and the config
-# section leaves to the user a step the user is profiling.
-ACTIVE = "flops_profiling_active"
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,12 @@ class StageMeasurement:
             self._layout = EngineLayout.of(self.engine)
         return self._layout
 
-    def start(self, ignore_list: Optional[Iterable[type]] = None, counted: Optional[CountingPass] = None,
-              after_train_batch: Optional[Callable[[], None]] = None) -> None:
-        """Install every hook and timer, afresh. Local: no rank waits for another.
+    def start(self, ignore_list: Optional[Iterable[type]] = None, counted: Optional[CountingPass] = None) -> None:
+        """Install every hook and timer, afresh, and become the engine's attached measurement (attachment.py: its
+        train_batch, or forward, backward and step, are then timed by this one). Local: no rank waits for another.
 
         ignore_list: module types left out (DeepSpeed's meaning). counted: the iteration before's FLOPs (None:
-        count them in this one). after_train_batch: called on this rank when the measured train_batch returns
-        (a PipelineEngine)."""
+        count them in this one)."""
         if self.started:
             return
         self._remove_hooks()  # measured before and not detached: start afresh
@@ -73,8 +72,7 @@ class StageMeasurement:
         self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
                                               root_name=type(module).__name__, ignore_types=ignore_list,
                                               count_flops=counted is None)
-        self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize,
-                                 after_train_batch)
+        self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize)
         self.hooks.install()
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
@@ -83,7 +81,7 @@ class StageMeasurement:
         self.module_profiler.start()
         self.hooks.open_window()
         self.started = True
-        self.engine.__dict__[ACTIVE] = True
+        attachment_of(self.engine).measurement = self
 
     def stop(self) -> None:
         """Stop measuring; the measurements stay readable, the hooks stay (inert) until detach()."""
@@ -98,7 +96,9 @@ class StageMeasurement:
     def detach(self) -> None:
         """Stop, then remove every hook, wrapper and swapped function: the engine runs as if never measured."""
         self.stop()
-        self.engine.__dict__.pop(ACTIVE, None)
+        attachment = attachment_of(self.engine)
+        if attachment.measurement is self:
+            attachment.measurement = None
         self._remove_hooks()
 
     def _remove_hooks(self) -> None:
@@ -114,6 +114,18 @@ class StageMeasurement:
             self.module_profiler.reset()
         if self.hooks is not None:
             self.hooks.reset()
+
+    def time_train_batch(self, train_batch: Callable[[], Result]) -> Result:
+        """A PipelineEngine's train_batch, timed (engine_methods.py calls it while this measurement is attached)."""
+        return self.hooks.time_train_batch(train_batch)
+
+    def time_call(self, instruction: str, call: Callable[[], Result]) -> Result:
+        """A plain engine's forward, backward or step, timed as the pipeline instruction it corresponds to."""
+        return self.hooks.instructions.run(instruction, call)
+
+    def deferred_backward(self, work: Callable[..., Result]) -> Callable[..., Result]:
+        """Backward work a schedule defers out of the running module's backward (ModuleProfiler.deferred_backward)."""
+        return self.module_profiler.deferred_backward(work) if self.started else work
 
     @property
     def measured(self) -> bool:
@@ -150,14 +162,3 @@ class StageMeasurement:
         tree = self.module_profiler.tree()
         return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
 
-
-def count_flops(engine: DeepSpeedEngine, iteration: int, run_step: Callable[[], Any]) -> Tuple[Any, CountingPass]:
-    """Run one iteration (run_step) with its FLOPs counted on this rank: (its result, the CountingPass). Local: no
-    collective; its timings are not kept."""
-    measurement = StageMeasurement(engine)
-    measurement.start()
-    try:
-        result = run_step()
-    finally:
-        measurement.detach()
-    return result, CountingPass(iteration, measurement.module_profiler)

@@ -1,8 +1,9 @@
-"""One profiled iteration, one way through: the scheduler every training loop calls once per iteration.
+"""One profiled iteration, one way through: the schedule every door runs its iterations through.
 
-    schedule = ProfileSchedule(profile_step=N, describe=..., output=FileOutput(directory))
-    while training:
-        result = schedule.run(engine, iteration, lambda: train_step(...))
+    schedule = ProfileSchedule(profile_step=N, counting=...)
+    result, profiled = schedule.run(engine, iteration, run_step)   # or: begin(engine, iteration) ... end()
+    if profiled is not None:   # the profiled iteration: a GatheredReports (collective), for the door to deliver
+        ...
 
 The rule, written here once: iteration N-1 counts the FLOPs (a dispatch mode, local to each rank, its
 time kept out of the baseline); iteration N is profiled on every rank without that mode (it takes N-1's
@@ -12,23 +13,24 @@ to change its shapes between iterations (curriculum learning), or where N-1 did 
 first iteration, or the run resumed at N). Where N turns out to have run other module calls or shapes than
 N-1, N's figures would be N-1's: it is not reported, and N+1 is profiled instead, counting in itself.
 
-Our fork's train(), upstream's patched train_step (megatron_upstream.py) and DeepSpeed's config section on a
-PipelineEngine (flops_profiler_config.py) each own one schedule and keep no scheduling state of their own;
-the section on a plain DeepSpeedEngine, whose step is not one call, reports through report_and_detach.
+The doors: the Megatron training loops (patches/megatron_door.py: our fork's train() and upstream's patched
+train_step) run each iteration through run(); the DeepSpeed config's flops_profiler section
+(patches/flops_profiler_config.py) runs a PipelineEngine's train_batch through run(), and a plain engine's
+step from its first forward (begin) to the step() that ends it (end). Each door delivers what end() returns;
+the schedule calls nothing of theirs but the iteration itself.
+
+Iterations are numbered by the door, by one convention (numbering.py).
 """
-import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from patches.profiler.context import IterationTiming, RunDescription
-from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
-from patches.profiler.measurement import CountingPass, StageMeasurement, count_flops
-from patches.profiler.printer import format_report
-from patches.profiler.sources import GatheredReports, ReportWriteError, say_on_rank_0, warn_on_rank_0
+from patches.profiler.context import IterationTiming
+from patches.profiler.measurement import CountingPass, StageMeasurement
+from patches.profiler.sources import GatheredReports, say_on_rank_0, warn_on_rank_0
 
 Result = TypeVar("Result")
 
@@ -81,12 +83,6 @@ class IterationClock:
         return statistics.median(self.seconds[i] for i in ran), ran
 
 
-class ReportOutput(Protocol):
-    """What a schedule does with its profiled iteration's report (FileOutput; the config section's)."""
-
-    def deliver(self, reports: GatheredReports, step: int) -> None: ...  # collective: every rank calls it
-
-
 def counting_announcement(profile_step: int, counting: str, first_done: Optional[int],
                           shapes_change: Optional[str] = None) -> str:
     """The start-up line's tail: where ProfileSchedule will count the FLOPs of profile_step, said before the run.
@@ -104,48 +100,26 @@ def counting_announcement(profile_step: int, counting: str, first_done: Optional
     return f", its FLOPs counted in iteration {profile_step - 1}"
 
 
-@dataclass(frozen=True)
-class FileOutput:
-    """What --profile-flops-step does with its report: global rank 0 prints it and writes
-    flops_profile_stepN.json and pipeline_trace_stepN.json into `directory`; a TensorBoard writer (where the
-    rank has one) gets the headline scalars. A file rank 0 cannot write is one warning line; training goes on."""
-    directory: str
-    tensorboard_writer: Any = None
-
-    def json_path(self, step: int) -> str:
-        return os.path.join(self.directory, f"flops_profile_step{step}.json")
-
-    def trace_path(self, step: int) -> str:
-        return os.path.join(self.directory, f"pipeline_trace_step{step}.json")
-
-    def deliver(self, reports: GatheredReports, step: int) -> None:
-        """Collective: every rank calls it for the same report."""
-        report = reports.report(step)
-        reports.emit(format_report(report) if reports.emits_here else "")
-        json_path, trace_path = self.json_path(step), self.trace_path(step)
-        try:
-            # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
-            reports.write(lambda: write_json(report, json_path), json_path)
-            trace = reports.trace(step)
-            reports.write(lambda: write_trace(trace, trace_path), trace_path)
-        except ReportWriteError as error:  # every rank has it: training goes on, unprofiled, on every rank
-            warn_on_rank_0(f"{error}; training goes on")
-        if self.tensorboard_writer is not None:
-            write_tensorboard_scalars(report, self.tensorboard_writer, step)
+@dataclass
+class _OpenIteration:
+    """The iteration between begin() and end()."""
+    engine: DeepSpeedEngine
+    iteration: int
+    role: str
+    start_s: float  # time.time(), the clock of the unprofiled iterations
+    measurement: Optional[StageMeasurement]  # counting or profiling; None for a timed iteration
+    counted: Optional[CountingPass] = None  # the profiled iteration's counting pass (None: it counts itself)
 
 
 class ProfileSchedule:
     """Which iteration counts, which is profiled and reported, which is only timed (see the module docstring)."""
 
-    def __init__(self, profile_step: Optional[int], describe: Callable[[DeepSpeedEngine], RunDescription],
-                 output: ReportOutput, counting: str = COUNT_IN_PREVIOUS, shapes_change: Optional[str] = None,
-                 last_iteration: Optional[int] = None):
-        """profile_step: the iteration to profile (None: none; every iteration is only timed), in the caller's
-        numbering. describe(engine): what the caller knows of its run, asked once, after the profiled
-        iteration. output: what to do with the report (FileOutput, or the config section's), its
-        deliver(reports, step) called on every rank. shapes_change: None, or why the run's iterations differ in
-        shape (curriculum learning, ...), known before it starts: then the profiled iteration counts in itself,
-        whatever `counting` asks. last_iteration: the run's last iteration, where known."""
+    def __init__(self, profile_step: Optional[int], counting: str = COUNT_IN_PREVIOUS,
+                 shapes_change: Optional[str] = None, last_iteration: Optional[int] = None):
+        """profile_step: the iteration to profile (None: none; every iteration is only timed), in the door's
+        numbering. shapes_change: None, or why the run's iterations differ in shape (curriculum learning, ...),
+        known before it starts: then the profiled iteration counts in itself, whatever `counting` asks.
+        last_iteration: the run's last iteration, where known."""
         if counting not in COUNTING_CHOICES:
             raise ValueError(f"counting must be one of {COUNTING_CHOICES}, not {counting!r}")
         self.profile_step = profile_step
@@ -153,11 +127,10 @@ class ProfileSchedule:
         # why the profiled iteration counts in itself although 'previous' was asked (the report says it)
         self.counting_note = f"the run changes its shapes between iterations: {shapes_change}" \
             if shapes_change and counting == COUNT_IN_PREVIOUS else None
-        self.describe = describe
-        self.output = output
         self.last_iteration = last_iteration
         self.clock = IterationClock()
         self._counted: Optional[CountingPass] = None  # the counting pass, until the iteration after it
+        self._open: Optional[_OpenIteration] = None
 
     def role(self, iteration: int) -> str:
         if self.profile_step is None:
@@ -168,47 +141,73 @@ class ProfileSchedule:
             return COUNT
         return TIME
 
-    def run(self, engine: DeepSpeedEngine, iteration: int, run_step: Callable[[], Result]) -> Result:
-        """Run one iteration (run_step) as the schedule has it. Collective on the profiled iteration: every rank
-        calls run for the same iterations."""
+    @property
+    def running(self) -> Optional[int]:
+        """The iteration between begin() and end() (or abandon()); None outside one."""
+        return self._open.iteration if self._open is not None else None
+
+    def run(self, engine: DeepSpeedEngine, iteration: int,
+            run_step: Callable[[], Result]) -> Tuple[Result, Optional[GatheredReports]]:
+        """(run_step's result, the profiled iteration's reports or None): begin, run_step, end. Collective on the
+        profiled iteration: every rank runs the same iterations through its schedule."""
+        self.begin(engine, iteration)
+        try:
+            result = run_step()
+        except BaseException:
+            self.abandon()
+            raise
+        return result, self.end()
+
+    def begin(self, engine: DeepSpeedEngine, iteration: int) -> None:
+        """The iteration starts: its clock, and its counting or profiling measurement attached to the engine."""
         role = self.role(iteration)
         if self._counted is not None and iteration != self._counted.iteration + 1:
             self._counted = None  # the iteration after the counting pass did not come through here
-        if role == COUNT:
-            try:
-                result, self._counted = self.clock.timed(iteration, lambda: count_flops(engine, iteration, run_step))
-            finally:
-                self.clock.mark_perturbed(iteration)
-            return result
-        if role == PROFILE:
-            counted, self._counted = self._counted, None  # None where iteration N-1 did not run here
-            return self._profile(engine, iteration, run_step, counted)
-        return self.clock.timed(iteration, run_step)
+        measurement, counted = None, None
+        if role != TIME:
+            if role == PROFILE:
+                counted, self._counted = self._counted, None  # None where iteration N-1 did not run here
+            measurement = StageMeasurement(engine)
+            measurement.start(counted=counted)
+        self._open = _OpenIteration(engine, iteration, role, time.time(), measurement, counted)
 
-    def _profile(self, engine, iteration, run_step, counted):
-        """Profile one iteration on every rank, then report it through self.output (collective)."""
-        measurement = StageMeasurement(engine)
-        measurement.start(counted=counted)
-        try:
-            start = time.time()  # the clock of the unprofiled iterations (IterationClock)
-            try:
-                result = run_step()
-            finally:
-                profiled_s = time.time() - start
-                self.clock.mark_perturbed(iteration)
-                measurement.stop()
-            unprofiled_s, unprofiled = self.clock.unprofiled_before(iteration)
-            counting_s = self.clock.seconds.get(counted.iteration) if counted is not None else None
-            timing = IterationTiming(profiled_s, unprofiled_s, unprofiled, counting_s)
-            reports = GatheredReports(measurement, self.describe(engine), timing, self.counting_note)
-            counting = reports.report(iteration)["flops_counting"]  # broadcast: every rank decides alike
-            if counting["calls_differ"]:
-                self._count_again(iteration, counting["counted_iteration"], counting["calls_differ"])
-            else:
-                self.output.deliver(reports, iteration)
-        finally:
+    def abandon(self) -> None:
+        """The iteration raised: its time is kept (perturbed where measured), every hook comes off, no report."""
+        opened, self._open = self._open, None
+        if opened is None:
+            return
+        self.clock.record(opened.iteration, time.time() - opened.start_s)
+        if opened.measurement is not None:
+            self.clock.mark_perturbed(opened.iteration)
+            opened.measurement.detach()
+
+    def end(self) -> Optional[GatheredReports]:
+        """The iteration has run: its time recorded; the counting pass kept for the next one; the profiled
+        iteration's report gathered (collective) and returned, with every hook off the engine. None otherwise."""
+        opened, self._open = self._open, None
+        seconds = time.time() - opened.start_s
+        self.clock.record(opened.iteration, seconds)
+        measurement = opened.measurement
+        if measurement is None:
+            return None
+        self.clock.mark_perturbed(opened.iteration)
+        if opened.role == COUNT:
             measurement.detach()
-        return result
+            self._counted = CountingPass(opened.iteration, measurement.module_profiler)
+            return None
+        try:
+            measurement.stop()
+            unprofiled_s, unprofiled = self.clock.unprofiled_before(opened.iteration)
+            counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
+            timing = IterationTiming(seconds, unprofiled_s, unprofiled, counting_s)
+            reports = GatheredReports(measurement, timing=timing, counting_note=self.counting_note)
+            counting = reports.report(opened.iteration)["flops_counting"]  # broadcast: every rank decides alike
+        finally:
+            measurement.detach()  # what it measured stays readable: the report and the trace read it
+        if counting["calls_differ"]:
+            self._count_again(opened.iteration, counting["counted_iteration"], counting["calls_differ"])
+            return None
+        return reports
 
     def _count_again(self, iteration: int, counted: int, differ: List[str]) -> None:
         """The profiled iteration ran other module calls or input shapes than the counting one: its FLOPs are not
@@ -223,14 +222,3 @@ class ProfileSchedule:
         self.counting_note = f"{what}: iteration {iteration + 1} was profiled instead"
         say_on_rank_0(f"> FLOPs profiler (patches): {what}: profiling iteration {iteration + 1} instead, its FLOPs "
                       "counted in it (no report if the run ends before it)")
-
-
-def report_and_detach(measurement: StageMeasurement, step: int, output: ReportOutput,
-                      run: Optional[RunDescription] = None) -> None:
-    """Collective: the stopped measurement's report, gathered (sources.GatheredReports) and handed to output on
-    every rank; then, whatever happened, every hook comes off the engine. (The config section on a plain
-    DeepSpeedEngine: its step is not one call a schedule can run.)"""
-    try:
-        output.deliver(GatheredReports(measurement, run), step)
-    finally:
-        measurement.detach()

@@ -20,13 +20,14 @@ from typing import Callable, Iterable, List, Optional, Protocol
 
 import torch.distributed as dist
 
-from patches.engine_registry import engine_ordinal
 from patches.profiler import store_exchange
+from patches.profiler.attachment import attachment_of
 from patches.profiler.context import IterationTiming, ReportContext, RunDescription, describe_run
 from patches.profiler.files import write_text
 from patches.profiler.gather import ReportGroups, gather_replica, gather_report
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
+from patches.profiler.numbering import running_iteration
 from patches.profiler.report import build_report
 from patches.profiler.stragglers import RankSample
 from patches.profiler.trace import build_trace
@@ -70,7 +71,6 @@ class GatheredReports:
         self.run = run
         self.timing = timing
         self.counting_note = counting_note
-        self._groups: Optional[ReportGroups] = None
         self._report: Optional[dict] = None
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
 
@@ -91,13 +91,11 @@ class GatheredReports:
 
     def report(self, step: Optional[int] = None) -> dict:
         """Collective over the world group: every rank calls it (a rank that never measured names itself in the
-        error every rank raises). step: the report's label (default: the engine's global steps)."""
+        error every rank raises). step: the report's label (default: the engine's global steps, DeepSpeed's label)."""
         if step is None:
             step = self._report["step"] if self._report is not None else self.measurement.engine.global_steps
         if self._report is None or self._report["step"] != step:
             measurement = self.measurement
-            if self._groups is None:  # collective: made here, where every rank is
-                self._groups = ReportGroups.for_layout(measurement.layout)
             entry, context = measurement.entry_or_error(), None
             try:  # only rank 0's is used; an error here is this rank's failure, named to every rank
                 run = self.run if self.run is not None else describe_run(measurement.engine)
@@ -105,9 +103,16 @@ class GatheredReports:
                                            measurement.skipped_steps_before, counting_note=self.counting_note)
             except Exception as error:
                 entry = error
-            result = gather_report(measurement.layout, self._groups, entry, context)
+            result = gather_report(measurement.layout, self._groups(), entry, context)
             self._report, self._entries = result.report, result.replica_entries
         return self._report
+
+    def _groups(self) -> ReportGroups:
+        """The engine's report groups, made on its first report (collective: every rank is in report())."""
+        attachment = attachment_of(self.measurement.engine)
+        if attachment.report_groups is None:
+            attachment.report_groups = ReportGroups.for_layout(self.measurement.layout)
+        return attachment.report_groups
 
     def trace(self, step: Optional[int] = None) -> Optional[dict]:
         """Collective over replica 0 (the others return at once): the Chrome trace on global rank 0, else None."""
@@ -115,7 +120,7 @@ class GatheredReports:
         layout = self.measurement.layout
         if not layout.in_replica:  # the trace shows replica 0 only; its ranks alone gather
             return None
-        gathered = gather_replica((dist.get_rank(), self.measurement.events()), layout, self._groups)
+        gathered = gather_replica((dist.get_rank(), self.measurement.events()), layout, self._groups())
         if gathered is None:
             return None
         return build_trace(self._entries, dict(gathered), report["step"])
@@ -136,8 +141,7 @@ class GatheredReports:
                 write()
             except OSError as error:
                 outcome[0] = f"{type(error).__name__}: {error}"
-        world = self._groups.world if self._groups is not None else None
-        dist.broadcast_object_list(outcome, src=0, group=world)
+        dist.broadcast_object_list(outcome, src=0, group=self._groups().world)
         if outcome[0] is not None:
             raise ReportWriteError(f"the profile report was not written to {path} on rank 0: {outcome[0]}")
 
@@ -170,20 +174,23 @@ class PublishedReports(_CallingRankOutput):
     def start(self, ignore_list: Optional[Iterable[type]] = None) -> None:
         self.forget()
         self._namespace = None
-        self._step = self.measurement.engine.global_steps + 1  # the iteration as Megatron's log numbers it
+        engine = self.measurement.engine
+        self._step = running_iteration(engine.global_steps)  # the iteration as Megatron's log numbers it
         self._label = self._step
-        self.measurement.start(ignore_list, after_train_batch=self._publish)
+        self.measurement.start(ignore_list)
+        attachment_of(engine).publisher = self  # publish() when the measured train_batch returns
 
     def forget(self) -> None:
         self._collected, self._reports = None, {}
 
-    def _publish(self) -> None:
-        """Called when the measured train_batch returns: detach everything, then publish (never waits)."""
+    def publish(self) -> None:
+        """The measured train_batch has returned (engine_methods.py): stop, detach everything, then publish this
+        rank's part under its own key of the store (never waits)."""
         measurement = self.measurement
         measurement.stop()
         publication = self._publication()
-        measurement.detach()  # the measurements stay; no hook, wrapper or flag remains on the engine
-        self._namespace = f"engine{engine_ordinal(measurement.engine)}/step{self._step}"
+        measurement.detach()  # the measurements stay; no hook or wrapper remains on the engine
+        self._namespace = f"engine{attachment_of(measurement.engine).ordinal}/step{self._step}"
         store_exchange.publish(self._namespace, publication)
 
     def _publication(self) -> store_exchange.Publication:

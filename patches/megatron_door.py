@@ -1,0 +1,93 @@
+"""--profile-flops-step in a Megatron training loop: one door for our GPT fork's train() and upstream
+Megatron-DeepSpeed's train_step (patched by megatron_upstream.py).
+
+    print(announcement(args, first_done=args.iteration))           # the start-up line's words
+    door = MegatronDoor(args, describe=..., tensorboard_writer=...)
+    loss = door.train_step(engine, iteration, lambda: train_step(...))  # every iteration
+
+Every iteration runs through the door's profile schedule (profiler/one_step.py): iteration N is profiled on
+every rank, N-1 counts its FLOPs, the others are timed for the unprofiled baseline. The door takes the engine
+over on its first iteration: its attachment (profiler/attachment.py) gets the door's `describe`, so that the
+reports this loop does not ask for itself (the config section's, the user's own FlopsProfiler code's) describe
+the run as well; and with --profile-flops-step the config section stays out of the engine. The profiled
+iteration's report is delivered by FileOutput: printed on global rank 0, flops_profile_stepN.json and
+pipeline_trace_stepN.json written, TensorBoard scalars where the rank has a writer.
+"""
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from patches.profiler.attachment import attachment_of
+from patches.profiler.context import RunDescription
+from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
+from patches.profiler.one_step import ProfileSchedule, counting_announcement
+from patches.profiler.printer import format_report
+from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
+
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class FileOutput:
+    """What --profile-flops-step does with its report: global rank 0 prints it and writes
+    flops_profile_stepN.json and pipeline_trace_stepN.json into `directory`; a TensorBoard writer (where the
+    rank has one) gets the headline scalars. A file rank 0 cannot write is one warning line; training goes on."""
+    directory: str
+    tensorboard_writer: Any = None
+
+    def json_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"flops_profile_step{step}.json")
+
+    def trace_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"pipeline_trace_step{step}.json")
+
+    def deliver(self, reports: GatheredReports, step: int) -> None:
+        """Collective: every rank calls it for the same report."""
+        report = reports.report(step)
+        reports.emit(format_report(report) if reports.emits_here else "")
+        json_path, trace_path = self.json_path(step), self.trace_path(step)
+        try:
+            # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
+            reports.write(lambda: write_json(report, json_path), json_path)
+            trace = reports.trace(step)
+            reports.write(lambda: write_trace(trace, trace_path), trace_path)
+        except ReportWriteError as error:  # every rank has it: training goes on, unprofiled, on every rank
+            warn_on_rank_0(f"{error}; training goes on")
+        if self.tensorboard_writer is not None:
+            write_tensorboard_scalars(report, self.tensorboard_writer, step)
+
+
+def announcement(args: Any, first_done: Optional[int], shapes_change: Optional[str] = None) -> str:
+    """'iteration N will be profiled on every stage, its FLOPs counted in ...': the start-up line's words, said
+    before the run. first_done: iterations done before this run (None where not known yet)."""
+    return (f"iteration {args.profile_flops_step} will be profiled on every stage"
+            + counting_announcement(args.profile_flops_step, args.profile_flops_counting, first_done, shapes_change))
+
+
+class MegatronDoor:
+    """A Megatron training loop's way into the profiler (see the module docstring)."""
+
+    def __init__(self, args: Any, describe: Callable[[DeepSpeedEngine], RunDescription],
+                 tensorboard_writer: Any = None, shapes_change: Optional[str] = None):
+        """args: the Megatron arguments (profile_flops_step, profile_flops_output, profile_flops_counting,
+        train_iters). describe(engine): what the loop knows of its run, asked when a report is built.
+        shapes_change: as ProfileSchedule's (curriculum learning and the like)."""
+        self.profile_step = args.profile_flops_step
+        self.schedule = ProfileSchedule(self.profile_step, counting=args.profile_flops_counting,
+                                        shapes_change=shapes_change, last_iteration=getattr(args, "train_iters", None))
+        self.output = FileOutput(args.profile_flops_output, tensorboard_writer)
+        self.describe = describe
+
+    def train_step(self, engine: DeepSpeedEngine, iteration: int, train_step: Callable[[], Result]) -> Result:
+        """Run one iteration (train_step) through the schedule; the profiled one's report is delivered here.
+        Collective on the profiled iteration: every rank runs the same iterations through its door."""
+        attachment = attachment_of(engine)
+        attachment.describe = self.describe
+        if self.profile_step is not None:
+            attachment.section = None  # --profile-flops-step takes precedence over the config section
+        result, profiled = self.schedule.run(engine, iteration, train_step)
+        if profiled is not None:
+            self.output.deliver(profiled, iteration)
+        return result

@@ -1,0 +1,58 @@
+"""The one thing the patch set keeps on a DeepSpeed engine: `engine.flops_profiling`, an EngineAttachment.
+
+The class-level wrappers of the engine's methods (patches/engine_methods.py, patches/pipeline_timers.py) read it
+to know what runs on this engine; the doors write to it what they bring (a schedule, a run description); a
+measurement puts itself there while it is attached. It holds no behaviour: whoever acts on an engine reads it
+and calls down.
+"""
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Set
+
+if TYPE_CHECKING:  # names only: nothing here calls them
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from patches.profiler.context import RunDescription
+    from patches.profiler.gather import ReportGroups
+    from patches.profiler.measurement import StageMeasurement
+
+ATTRIBUTE = "flops_profiling"
+
+
+@dataclass(eq=False)
+class EngineAttachment:
+    """What the patch set knows of one engine and has attached to it."""
+    ordinal: int  # the n-th engine this process built (every rank builds them in the same order), from 1
+    runs_a_schedule: bool  # a PipelineEngine (layout.runs_a_schedule): its iteration is train_batch
+    # The measurement attached now (StageMeasurement.start puts itself here, detach takes it away): while it is
+    # set, the engine's train_batch (or forward, backward and step) are timed by it.
+    measurement: Optional["StageMeasurement"] = None
+    # Publishes the attached measurement when the measured train_batch returns: the user's own FlopsProfiler code
+    # on a PipelineEngine (sources.PublishedReports); None otherwise.
+    publisher: Optional[Any] = None
+    # The DeepSpeed config's flops_profiler section (flops_profiler_config.SectionDoor), where it serves this
+    # engine: None where it is off, or where a training loop's --profile-flops-step took the engine over.
+    section: Optional[Any] = None
+    # What the training loop knows of its run (the Megatron door's describe): for the reports it does not ask for
+    # itself (the config section's, the user's FlopsProfiler code's). None: a run nothing is known of.
+    describe: Optional[Callable[["DeepSpeedEngine"], "RunDescription"]] = None
+    report_groups: Optional["ReportGroups"] = None  # the gloo groups of this engine's reports, made once
+    # Wall-clock timers the running pipeline instruction started, left to it (pipeline_timers.py)
+    timers_left_to_instruction: Set[str] = field(default_factory=set)
+
+
+def attached(engine: object) -> Optional[EngineAttachment]:
+    """The engine's attachment; None for an engine built before patches.apply() that nothing attached to since."""
+    return getattr(engine, "__dict__", {}).get(ATTRIBUTE)
+
+
+def attachment_of(engine: "DeepSpeedEngine") -> EngineAttachment:
+    """The engine's attachment, made on first use (an engine built before patches.apply())."""
+    attachment = attached(engine)
+    if attachment is None:
+        from patches.profiler.layout import runs_a_schedule
+        from patches.registry import REGISTRY
+
+        REGISTRY.engines_built += 1
+        attachment = EngineAttachment(ordinal=REGISTRY.engines_built, runs_a_schedule=runs_a_schedule(engine))
+        engine.__dict__[ATTRIBUTE] = attachment  # not nn.Module's __setattr__: it may run before Module.__init__
+    return attachment
