@@ -57,12 +57,12 @@ def apply() -> None:
         engine_methods,
         flops_profiler_class,
         flops_profiler_config,
-        partition_profile,
         pipeline_checkpoint,
         pipeline_timers,
         section_timers,
         zero_pipeline_groups,
     )
+    from patches.partition import method as partition_method
 
     def missing_from(patch) -> bool:
         missing = missing_attributes(patch.requires())
@@ -75,7 +75,7 @@ def apply() -> None:
     if missing_from(engine_methods):  # every other patch acts through the engines' wrappers
         return
     applied = [patch for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class,
-                                   partition_profile, pipeline_checkpoint, zero_pipeline_groups)
+                                   partition_method, pipeline_checkpoint, zero_pipeline_groups)
                if not missing_from(patch)]
     for patch in applied:
         if hasattr(patch, "install"):

@@ -5,7 +5,7 @@ Megatron-DeepSpeed's (through patches.megatron_upstream) both add them here and 
     --profile-flops-output DIR   where flops_profile_stepN.json and pipeline_trace_stepN.json go
     --profile-flops-counting     where N's FLOPs are counted: in N-1 (default) or in N itself
     --pp-partition-from-profile REPORT.json
-                                 cut the pipeline where a profiled run's measured layers say (partition_profile.py)
+                                 cut the pipeline where a profiled run's measured layers say (partition/method.py)
 """
 import os
 import tempfile
@@ -44,7 +44,7 @@ def check_profiler_flags(args: Namespace) -> None:
     cannot be planned from. A Megatron adds its own checks (what its training loop can end on) after these."""
     report = getattr(args, "pp_partition_from_profile", None)
     if report is not None:
-        from patches.partition_profile import read_report
+        from patches.partition.planner import read_report
 
         if not read_report(report).get("layers"):
             raise PatchConfigError(f"--pp-partition-from-profile {report}: the report has no layer table (a "

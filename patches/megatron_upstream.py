@@ -182,7 +182,7 @@ def _parse_args_with_profiler_flags(original: Callable) -> Callable:
             check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
             exit_with_one_line(str(error))
-        from patches.partition_profile import use_for_every_pipeline
+        from patches.partition.method import use_for_every_pipeline
         from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
 
         use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method

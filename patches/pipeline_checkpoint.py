@@ -1,4 +1,4 @@
-"""A pipeline checkpoint resumed under another partition of the layers (partition_profile.py cuts them anew).
+"""A pipeline checkpoint resumed under another partition of the layers (partition/method.py cuts them anew).
 
 DeepSpeed saves a PipelineModule's weights one file per layer (layer_05-model_00-model_states.pt), so they
 load under any partition. The optimizer state is saved per stage (in mp_rank_XX_model_states.pt, or ZeRO's

@@ -6,7 +6,7 @@ optimizer set-up), and ZeRO's gradient norm all-reduces once per group over its 
 on a pipeline spans the stages. A stage whose parameters all fall in one group (with Megatron's two, matrices
 with weight decay and biases and norms without: an embedding or an LM head alone on its stage) makes one
 all-reduce where the other stages make two: the first step hangs. Any partition can do it; a plan that gives
-the LM head a stage of its own (partition_profile.py) often does.
+the LM head a stage of its own (partition/method.py) often does.
 
 The check: once the engine is built, every rank publishes its number of groups under its own key of the
 default group's store and reads every other rank's (no collective: a rank that fails here leaves no one inside

@@ -1,11 +1,11 @@
-"""The partition planner (patches/profiler/partition.py) on synthetic layer costs whose best contiguous partition
+"""The partition planner (patches/partition/planner.py) on synthetic layer costs whose best contiguous partition
 is known: exact boundaries, ties, a layer heavier than a fair share, and against every partition by brute force."""
 import itertools
 import random
 
 import pytest
 
-from patches.profiler.partition import LayerCost, balanced_parts, model_iter_s, plan, predict
+from patches.partition.planner import LayerCost, balanced_parts, model_iter_s, plan, predict
 
 
 def brute_force(costs, stages, overheads=None):

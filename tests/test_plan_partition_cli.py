@@ -5,7 +5,7 @@ import json
 import pytest
 
 from patches.cli.plan_partition import main
-from patches.partition_profile import plan_of
+from patches.partition.planner import plan_of
 from patches.profiler.printer import plan_line
 from tests.helpers.golden import GOLDEN
 

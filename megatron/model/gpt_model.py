@@ -54,9 +54,9 @@ def stage_boundaries(args, num_stages):
     """
     specs = pipeline_layer_specs(args)
     names = [spec.typename.__name__ for spec in specs]
-    if args.pp_partition_from_profile:  # where a profiled run's measured layers say (patches.partition_profile)
-        from patches.partition_profile import profiled_parts
-        from patches.profiler.layers import layer_type
+    if args.pp_partition_from_profile:  # where a profiled run's measured layers say (patches.partition)
+        from patches.partition.layers import layer_type
+        from patches.partition.method import profiled_parts
 
         return profiled_parts(args.pp_partition_from_profile, [layer_type(spec) for spec in specs], num_stages), \
             [1] * len(specs)

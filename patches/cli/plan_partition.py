@@ -9,7 +9,7 @@ import sys
 from typing import List, Optional
 
 from patches.errors import PatchConfigError
-from patches.partition_profile import plan_of, read_report
+from patches.partition.planner import plan_of, read_report
 from patches.profiler.printer import duration_to_string, plan_line
 
 

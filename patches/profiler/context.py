@@ -34,17 +34,6 @@ class RunDescription:
 UNDESCRIBED = RunDescription()  # a run nothing is known of beyond its engine (a plain DeepSpeed script)
 
 
-def describe_run(engine: "DeepSpeedEngine") -> RunDescription:
-    """What the training loop that trains `engine` says of its run (its door's describe, on the engine's
-    attachment), else UNDESCRIBED: for the reports that loop does not ask for itself (the config section's, the
-    user's own FlopsProfiler code's)."""
-    from patches.profiler.attachment import attached
-
-    attachment = attached(engine)
-    describe = attachment.describe if attachment is not None else None
-    return describe(engine) if describe is not None else UNDESCRIBED
-
-
 @dataclass(frozen=True)
 class IterationTiming:
     """The profiled iteration, and the one that counted its FLOPs, against unprofiled ones of the same run, on one

@@ -90,7 +90,7 @@ def _deepspeed_version() -> str:
 
 
 class EngineHooks:
-    """The instruction timer, the train_batch clock and the tied forward proxies of one engine."""
+    """The instruction timer and the tied forward proxies of one engine."""
 
     def __init__(self, engine: DeepSpeedEngine, layout: EngineLayout, module_profiler: ModuleProfiler,
                  synchronize: Callable[[], None]):
@@ -99,12 +99,18 @@ class EngineHooks:
         self.module_profiler = module_profiler
         self.synchronize = synchronize
         self.instructions = InstructionTimer(synchronize)
-        self._train_batch_s = 0.0
-        self._window: Optional[List[float]] = None  # [start, end] of the profiled work
         self._undo: List[Callable[[], None]] = []
         # the class PipelineEngine.train_batch builds its schedule from (a Megatron may replace DeepSpeed's
         # TrainSchedule, as upstream's zero-bubble option does); None on a plain engine
         self.schedule: Optional[str] = None
+
+    @classmethod
+    def attach(cls, engine: DeepSpeedEngine, layout: EngineLayout, module_profiler: ModuleProfiler,
+               synchronize: Callable[[], None]) -> "EngineHooks":
+        """The hooks of `engine`, installed."""
+        hooks = cls(engine, layout, module_profiler, synchronize)
+        hooks.install()
+        return hooks
 
     def install(self) -> None:
         engine = self.engine
@@ -127,31 +133,8 @@ class EngineHooks:
         self._undo = []
 
     def reset(self) -> None:
-        """Zero the timings; an open window restarts now."""
+        """Zero the timings."""
         self.instructions.reset()
-        self._train_batch_s = 0.0
-        if self._window is not None and self._window[1] is None:
-            self._window = [synchronized_clock(self.synchronize), None]
-
-    def open_window(self) -> None:
-        self._window = [synchronized_clock(self.synchronize), None]
-
-    def close_window(self) -> None:
-        self._window[1] = synchronized_clock(self.synchronize)
-
-    def train_batch_s(self) -> float:
-        """The profiled iteration's time: train_batch's, or the whole window's on a plain engine."""
-        if self.layout.is_pipeline:
-            return self._train_batch_s
-        return self._window[1] - self._window[0]
-
-    def time_train_batch(self, train_batch: Callable[[], Result]) -> Result:
-        """A PipelineEngine's train_batch(), timed: the profiled iteration's time."""
-        start = synchronized_clock(self.synchronize)
-        try:
-            return train_batch()
-        finally:
-            self._train_batch_s += synchronized_clock(self.synchronize) - start
 
     def _as_backward(self, method: Callable[..., Any]) -> Callable[..., Any]:
         """An instruction whose work is backward work run outside autograd (BACKWARD_OUTSIDE_AUTOGRAD)."""

@@ -14,15 +14,18 @@ without the mode; its module calls are then checked against the counted ones (ca
 What the measurements become (a report, gathered or read from the store) is the report sources' job
 (sources.py).
 """
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, List, Optional, Tuple, TypeVar, Union
 
+import torch
+import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.partition.layers import stage_layers
 from patches.profiler.attachment import attachment_of
-from patches.profiler.engine_hooks import EngineHooks
-from patches.profiler.entry import RankEntry, build_rank_entry
+from patches.profiler.engine_hooks import EngineHooks, synchronized_clock
+from patches.profiler.entry import RankEntry
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler
 
@@ -50,6 +53,8 @@ class StageMeasurement:
         self.calls_differ: List[str] = []  # modules whose calls differ from the counting pass's
         self.skipped_steps_before = 0
         self.started = False
+        self._train_batch_s = 0.0  # a PipelineEngine's train_batch, timed (time_train_batch)
+        self._window: List[Optional[float]] = [None, None]  # [start, end] of the measured work: a plain engine's
 
     @property
     def layout(self) -> EngineLayout:
@@ -72,14 +77,14 @@ class StageMeasurement:
         self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
                                               root_name=type(module).__name__, ignore_types=ignore_list,
                                               count_flops=counted is None)
-        self.hooks = EngineHooks(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize)
-        self.hooks.install()
+        self.hooks = EngineHooks.attach(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize)
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
         self.calls_differ = []
         self.skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
         self.module_profiler.start()
-        self.hooks.open_window()
+        self._train_batch_s = 0.0
+        self._window = [self._clock(), None]
         self.started = True
         attachment_of(self.engine).measurement = self
 
@@ -87,7 +92,7 @@ class StageMeasurement:
         """Stop measuring; the measurements stay readable, the hooks stay (inert) until detach()."""
         if not self.started:
             return
-        self.hooks.close_window()
+        self._window[1] = self._clock()
         self.module_profiler.stop()
         if self.counted is not None:
             self.calls_differ = self.module_profiler.adopt_counts(self.counted.module_profiler)
@@ -114,10 +119,21 @@ class StageMeasurement:
             self.module_profiler.reset()
         if self.hooks is not None:
             self.hooks.reset()
+        self._train_batch_s = 0.0
+        if self.started:
+            self._window = [self._clock(), None]
+
+    def _clock(self) -> float:
+        return synchronized_clock(self.accelerator.synchronize)
 
     def time_train_batch(self, train_batch: Callable[[], Result]) -> Result:
-        """A PipelineEngine's train_batch, timed (engine_methods.py calls it while this measurement is attached)."""
-        return self.hooks.time_train_batch(train_batch)
+        """A PipelineEngine's train_batch, timed (engine_methods.py calls it while this measurement is attached):
+        the profiled iteration's time."""
+        start = self._clock()
+        try:
+            return train_batch()
+        finally:
+            self._train_batch_s += self._clock() - start
 
     def time_call(self, instruction: str, call: Callable[[], Result]) -> Result:
         """A plain engine's forward, backward or step, timed as the pipeline instruction it corresponds to."""
@@ -132,15 +148,24 @@ class StageMeasurement:
         return self.module_profiler is not None
 
     def entry(self) -> RankEntry:
-        """This rank's measurements (not collective)."""
+        """This rank's measurements (not collective): its module tree (with the replicated parameters marked),
+        the instructions as they ran, and what the report says of the counting and of the stage's layers."""
         if self.module_profiler is None:
             raise RuntimeError("start_profile() never ran on this rank: nothing was measured")
         peak = None
         if self.accelerator.device_name() != "cpu":
             peak = int(self.accelerator.max_memory_allocated())
         counted = self.counted.iteration if self.counted is not None else None
-        return build_rank_entry(self.layout, self.engine.module, self.module_profiler, self.hooks.instructions,
-                                self.hooks.train_batch_s(), peak, counted, self.calls_differ, self.hooks.schedule)
+        module, profiler, layout = self.engine.module, self.module_profiler, self.layout
+        tree = profiler.tree()
+        _annotate_replicated_params(module, tree)
+        events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.hooks.instructions.events]
+        parts = [int(part) for part in getattr(module, "parts", None) or []] or None
+        return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree,
+                         self.hooks.instructions.as_dict(), self.train_batch_s(), peak, events,
+                         [asdict(op) for op in profiler.uncounted_ops()], counted, list(self.calls_differ),
+                         self.hooks.schedule, profiler.invisible_attention(), stage_layers(module, layout.stage),
+                         parts)
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""
@@ -153,7 +178,11 @@ class StageMeasurement:
         return self.module_profiler.events() if self.module_profiler is not None else []
 
     def train_batch_s(self) -> float:
-        return self.hooks.train_batch_s() if self.hooks is not None else 0.0
+        """The measured iteration's time: train_batch's, or the whole window's on a plain engine."""
+        if self.layout.is_pipeline:
+            return self._train_batch_s
+        start, end = self._window
+        return (end if end is not None else self._clock()) - start if start is not None else 0.0
 
     def local_totals(self) -> Tuple[int, int, float]:
         """(forward FLOPs, params, forward seconds) of this rank's stage so far (zeros before any start)."""
@@ -162,3 +191,34 @@ class StageMeasurement:
         tree = self.module_profiler.tree()
         return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
 
+
+
+def _annotate_replicated_params(module: torch.nn.Module, node: dict) -> None:
+    """replicated_params: the part of a node's params that every tensor rank holds whole.
+
+    Parameters marked tensor_model_parallel are shards (summed over tensor ranks); the rest
+    (LayerNorm, row-parallel biases, position embeddings) are counted once.
+    """
+    seen = set()
+
+    def visit(mod, tree_node):
+        own = 0
+        for param in mod.parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                if not getattr(param, "tensor_model_parallel", False):
+                    own += param.numel()
+        children = dict(mod.named_children())
+        total = own
+        for child_node in tree_node["children"]:
+            child = children.get(child_node["name"])
+            if child is not None:
+                total += visit(child, child_node)
+        tree_node["replicated_params"] = total
+        return total
+
+    visit(module, node)
+
+
+def _plain(kwargs: dict) -> dict:
+    return {key: value for key, value in kwargs.items() if isinstance(value, (int, float, str, bool))}

@@ -34,7 +34,7 @@ class PipelineFlopsProfiler(ProfilerAPI):
     def __init__(self, engine: DeepSpeedEngine, run: Optional[RunDescription] = None, **description: Any):
         """run, or its fields as keywords (seq_length=..., analytic=..., peak_tflops=...): what the caller knows
         of the run, for the report's optional lines (context.RunDescription). Neither: what the Megatron of the
-        process says of it (context.describe_run), when the report is built."""
+        engine's training loop says of it (sources.describe_run), when the report is built."""
         if run is None and description:
             run = RunDescription(**description)
         measurement = StageMeasurement(engine)

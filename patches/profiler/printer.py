@@ -1,7 +1,8 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.notes import LAYER_TABLE_CAPTION, STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
-from patches.profiler.report import aggregate_by_depth, shared_on_one_stage
+from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"

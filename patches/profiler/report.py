@@ -26,6 +26,8 @@ report carries:
 """
 from typing import Dict, List, Optional, Tuple
 
+from patches.partition.planner import partition_plan, plan_parts_of
+from patches.partition.table import layer_table
 from patches.profiler.context import ReportContext
 from patches.profiler.instructions import (
     BACKWARD_INSTRUCTIONS,
@@ -36,7 +38,6 @@ from patches.profiler.instructions import (
     schedule_bubble,
 )
 from patches.profiler.notes import NOTES
-from patches.profiler.partition import LayerCost, plan, predict
 from patches.profiler.phases import phase_fields
 from patches.profiler.stragglers import RankSample, straggler_view
 
@@ -397,7 +398,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
                                   _schedule_of(replica)) if span else None,
         "stages": stages,
         "layers": layers,
-        "partition_plan": partition_plan(stages, layers, _parts_of(replica), rate_s, int(context.micro_batches)),
+        "partition_plan": partition_plan(stages, layers, plan_parts_of(replica), rate_s, int(context.micro_batches)),
         "model_tree": model_tree,
         "stragglers": straggler_view(samples, pp, dp),
         "notes": notes,
@@ -436,94 +437,6 @@ def log_line_note(log_tflops: float, report_tflops: float, log_flops: float, mea
             f"of every layer; LM head included), over the same time and world size; the report's {report_tflops:.3g} "
             f"counts what the kernels executed, {measured_flops:.4g} FLOPs (every replica, fwd + bwd + recompute), "
             f"so they differ by exactly the ratio of the two counts, {log_flops / measured_flops:.4f}")
-
-
-def _find(node, path):
-    for name in path.split("."):
-        node = next((child for child in node["children"] if child["name"] == name), None)
-        if node is None:
-            return None
-    return node
-
-
-def layer_table(stages: List[dict], replica: List[dict]) -> Optional[List[dict]]:
-    """Every layer of the PipelineModule, in its order: the stage that ran it and what it took, per iteration
-    (its node of the stage's tree, merged over tp ranks; a tied module used by several layers of one stage
-    split evenly among them; a plain function layer's work is its stage's own). None off a PipelineModule."""
-    rows = []
-    for stage in stages:
-        entry = next((e for e in replica if e["stage_id"] == stage["stage_id"]), None)
-        if entry is None or not entry.get("layers"):
-            return None
-        uses = {}
-        for layer in entry["layers"]:
-            uses[layer["node"]] = uses.get(layer["node"], 0) + 1
-        for layer in entry["layers"]:
-            node = _find(stage["modules"], layer["node"]) if layer["node"] else None
-            share = 1 / uses[layer["node"]]
-            row = {"index": layer["index"], "type": layer["type"], "stage": stage["stage_id"], "node": layer["node"],
-                   "params": node["params"] if node else 0}
-            for field in LATENCY_FIELDS:
-                row[field] = node[field] * share if node else 0.0
-            for phase in ("fwd", "bwd", "recompute"):
-                row[f"{phase}_flops"] = round(node[f"{phase}_flops"] * share) if node else 0
-            rows.append(row)
-    return sorted(rows, key=lambda row: row["index"])
-
-
-def shared_on_one_stage(layers: List[dict]) -> List[List[int]]:
-    """Groups of layers that ran one tied module on one stage (a tied embedding and LM head on a single stage):
-    its time is split evenly among them in the table, which is no measurement to plan from."""
-    by_node = {}
-    for row in layers:
-        if row.get("node"):
-            by_node.setdefault((row["stage"], row["node"]), []).append(row["index"])
-    return [sorted(indices) for indices in by_node.values() if len(indices) > 1]
-
-
-def stage_overheads(stages: List[dict], layers: List[dict]) -> List[float]:
-    """Each stage's forward and backward instruction time that none of its layers accounts for (the loss, the
-    stage module's own work, function layers), at least 0."""
-    return [max(0.0, stage["fwd_latency_s"] + stage["bwd_latency_s"] - sum(layer_seconds(row) for row in layers
-                                                                             if row["stage"] == stage["stage_id"]))
-            for stage in stages]
-
-
-def layer_seconds(row: dict) -> float:
-    return row["fwd_latency_s"] + row["bwd_latency_s"] + row["recompute_latency_s"]
-
-
-def _parts_of(replica):
-    return next((entry.get("parts") for entry in replica if entry.get("parts")), None)
-
-
-def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
-                   micro_batches: int) -> Optional[dict]:
-    """The best contiguous partition of the measured layers over the stages that ran, and what it predicts
-    (partition.py), beside the partition that ran; None without a layer table (or with one stage)."""
-    if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
-        return None
-    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches)
-
-
-def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
-                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None
-                    ) -> Optional[dict]:
-    """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
-    cut_at: the prediction for these parts instead of the best ones."""
-    ran = len(parts) - 1
-    pp = len(cut_at) - 1 if cut_at else pp or ran
-    if len(layers) < pp or shared_on_one_stage(layers):
-        return None
-    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row)) for row in layers]
-    current = [sum(cost.seconds for cost in costs if cost.stage == s) + overheads[s] for s in range(ran)]
-    best = predict(costs, parts, overheads, iter_s, micro_batches, cut_at) if cut_at else \
-        plan(costs, parts, overheads, iter_s, micro_batches, pp)
-    return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
-            "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
-            "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
-            "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
-            "predicted_change": best.predicted_iter_s / iter_s - 1, "predicted_bubble": best.predicted_bubble}
 
 
 def _schedule_of(replica):

@@ -19,10 +19,11 @@ import sys
 from typing import Callable, Iterable, List, Optional, Protocol
 
 import torch.distributed as dist
+from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler import store_exchange
-from patches.profiler.attachment import attachment_of
-from patches.profiler.context import IterationTiming, ReportContext, RunDescription, describe_run
+from patches.profiler.attachment import attached, attachment_of
+from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
 from patches.profiler.files import write_text
 from patches.profiler.gather import ReportGroups, gather_replica, gather_report
 from patches.profiler.layout import EngineLayout
@@ -64,7 +65,7 @@ class GatheredReports:
 
     def __init__(self, measurement: StageMeasurement, run: Optional[RunDescription] = None,
                  timing: Optional[IterationTiming] = None, counting_note: Optional[str] = None):
-        """run: what the caller knows of the run (None: what the Megatron of the process says, describe_run, at
+        """run: what the caller knows of the run (None: what the engine's training loop says, describe_run, at
         report time). counting_note: why the FLOPs were counted in the profiled iteration itself, where the run
         asked otherwise (ProfileSchedule)."""
         self.measurement = measurement
@@ -359,6 +360,15 @@ def _where(ranks: List[int], layout: EngineLayout) -> str:
         by_stage.setdefault(coordinates[rank], []).append(str(rank))
     return "; ".join(f"stage {stage} (rank{'s' if len(members) > 1 else ''} {', '.join(members)})"
                      for stage, members in sorted(by_stage.items()))
+
+
+def describe_run(engine: DeepSpeedEngine) -> RunDescription:
+    """What the training loop that trains `engine` says of its run (its door's describe, on the engine's
+    attachment), else UNDESCRIBED: for the reports that loop does not ask for itself (the config section's, the
+    user's own FlopsProfiler code's, PipelineFlopsProfiler's without a run)."""
+    attachment = attached(engine)
+    describe = attachment.describe if attachment is not None else None
+    return describe(engine) if describe is not None else UNDESCRIBED
 
 
 def warn_on_rank_0(line: str) -> None:

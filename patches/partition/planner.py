@@ -1,6 +1,6 @@
 """Where to cut a pipeline: the contiguous partition of a PipelineModule's layers that a measured run says is best.
 
-A report's `layers` (report.py) hold each layer's measured forward, backward and recompute seconds per
+A report's `layers` (table.py) hold each layer's measured forward, backward and recompute seconds per
 iteration, on the stage that ran it; each stage's `overhead_s` is the work of its ForwardPass and
 BackwardPass instructions that no layer accounts for (the loss on the last stage, the stage module's own
 glue). The plan:
@@ -17,8 +17,12 @@ glue). The plan:
    optimizer step, loading data) is the measured iteration's time minus the model of the partition that
    ran, and is added unchanged: predicted = model(new) + (measured - model(current)).
 """
+import json
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
+
+from patches.errors import PatchConfigError
+from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
 
 
 @dataclass(frozen=True)
@@ -112,3 +116,102 @@ def _overheads_for(overhead_s: Sequence[float], stages: int) -> List[float]:
     if stages == 1:
         return [sum(overhead_s)]
     return [overhead_s[0]] + [0.0] * (stages - 2) + [overhead_s[-1]]
+
+
+# ---------------------------------------------------------------- a report's plan
+def plan_parts_of(replica: List[dict]) -> Optional[List[int]]:
+    """The partition that ran, as the replica's entries recorded it (PipelineModule.parts)."""
+    return next((entry.get("parts") for entry in replica if entry.get("parts")), None)
+
+
+def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
+                   micro_batches: int) -> Optional[dict]:
+    """The best contiguous partition of the measured layers over the stages that ran, and what it predicts
+    (above), beside the partition that ran; None without a layer table (or with one stage)."""
+    if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
+        return None
+    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches)
+
+
+def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
+                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None
+                    ) -> Optional[dict]:
+    """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
+    cut_at: the prediction for these parts instead of the best ones."""
+    ran = len(parts) - 1
+    pp = len(cut_at) - 1 if cut_at else pp or ran
+    if len(layers) < pp or shared_on_one_stage(layers):
+        return None
+    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row)) for row in layers]
+    current = [sum(cost.seconds for cost in costs if cost.stage == s) + overheads[s] for s in range(ran)]
+    best = predict(costs, parts, overheads, iter_s, micro_batches, cut_at) if cut_at else \
+        plan(costs, parts, overheads, iter_s, micro_batches, pp)
+    return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
+            "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
+            "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
+            "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
+            "predicted_change": best.predicted_iter_s / iter_s - 1, "predicted_bubble": best.predicted_bubble}
+
+
+def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None) -> dict:
+    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it;
+    cut_at: its prediction for these parts instead (a partition the plan did not choose)."""
+    plan = report.get("partition_plan") or {}
+    parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
+    overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
+    iter_s = report["totals"]["throughput_iter_s"]
+    shared = shared_on_one_stage(report["layers"])
+    if shared:
+        raise PatchConfigError(
+            f"layers {' and '.join(str(i) for i in shared[0])} of the profile report ran one tied module on one "
+            "stage: their times cannot be told apart, so no plan is made from it (profile a partition that puts "
+            "them on different stages)")
+    return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
+                           cut_at)
+
+
+def _parts_from_layers(layers):
+    stages = max(row["stage"] for row in layers) + 1
+    return [min(row["index"] for row in layers if row["stage"] == s) for s in range(stages)] + [len(layers)]
+
+
+def read_report(path: str) -> dict:
+    """The profiler's JSON at `path`, checked for what planning reads. PatchConfigError, one line, otherwise."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except OSError as error:
+        raise PatchConfigError(f"the profile report {path} cannot be read: {error.strerror}") from None
+    except ValueError as error:
+        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {error}") from None
+    problem = _what_planning_lacks(report)
+    if problem:
+        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {problem}")
+    return report
+
+
+_LAYER_FIELDS = {"index": int, "type": str, "stage": int, "fwd_latency_s": (int, float),
+                 "bwd_latency_s": (int, float), "recompute_latency_s": (int, float)}
+
+
+def _what_planning_lacks(report) -> Optional[str]:
+    """What a report lacks of the fields planning reads (a missing layer table is the callers' to say)."""
+    if not isinstance(report, dict):
+        return f"a JSON {type(report).__name__}, not an object"
+    for section, field, kind in (("totals", "throughput_iter_s", (int, float)),
+                                 ("parallelism", "micro_batches", int)):
+        value = report.get(section, {}).get(field) if isinstance(report.get(section), dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"no {section}.{field}"
+    layers = report.get("layers")
+    if layers is None:
+        return None
+    if not isinstance(layers, list):
+        return "its layers are not a list"
+    for position, row in enumerate(layers):
+        for field, kind in _LAYER_FIELDS.items():
+            if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
+                return f"layer {position} has no {field}"
+    if sorted(row["index"] for row in layers) != list(range(len(layers))):
+        return "its layers are not numbered 0 to n - 1"
+    return None

@@ -5,7 +5,7 @@ to cut the layers where a measured run says.
     PipelineModule(layers, num_stages=2, partition_method="profile")   # the report in $DS_PIPE_PARTITION_PROFILE
 
 The report is the profiler's JSON (flops_profile_stepN.json) of a run of the same layers: its per-layer table
-gives each layer's measured forward, backward and recompute seconds, and the planner (profiler/partition.py)
+gives each layer's measured forward, backward and recompute seconds, and the planner (planner.py)
 cuts them into this module's num_stages, contiguous, no stage empty, the slowest stage as fast as it can be;
 num_stages may differ from the profiled run's. One line on global rank 0 names the parts used. A report of
 another model (another number of layers, or other layer types) is refused with PatchConfigError, one line.
@@ -15,7 +15,6 @@ Other methods are DeepSpeed's own, unchanged. Every rank reads the report and pl
 they planned through the default group's store (agreed_parts), so that a report missing on one node, or
 another report on another, stops every rank in one line.
 """
-import json
 import os
 from typing import List, Optional
 
@@ -23,9 +22,9 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from patches.errors import PatchConfigError
+from patches.partition.layers import layer_types
+from patches.partition.planner import plan_of, read_report
 from patches.profiler import store_exchange
-from patches.profiler.layers import layer_types
-from patches.profiler.report import plan_from_table, shared_on_one_stage
 from patches.registry import REGISTRY
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
@@ -125,67 +124,3 @@ def profiled_parts(report_path: str, types: List[str], stages: int) -> List[int]
         raise PatchConfigError(f"the profile report {report_path} has {len(layers)} layers: too few for {stages} "
                                "pipeline stages")
     return plan_of(report, stages)["parts"]
-
-
-def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None) -> dict:
-    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it;
-    cut_at: its prediction for these parts instead (a partition the plan did not choose)."""
-    plan = report.get("partition_plan") or {}
-    parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
-    overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
-    iter_s = report["totals"]["throughput_iter_s"]
-    shared = shared_on_one_stage(report["layers"])
-    if shared:
-        raise PatchConfigError(
-            f"layers {' and '.join(str(i) for i in shared[0])} of the profile report ran one tied module on one "
-            "stage: their times cannot be told apart, so no plan is made from it (profile a partition that puts "
-            "them on different stages)")
-    return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
-                           cut_at)
-
-
-def _parts_from_layers(layers):
-    stages = max(row["stage"] for row in layers) + 1
-    return [min(row["index"] for row in layers if row["stage"] == s) for s in range(stages)] + [len(layers)]
-
-
-def read_report(path: str) -> dict:
-    """The profiler's JSON at `path`, checked for what planning reads. PatchConfigError, one line, otherwise."""
-    try:
-        with open(path) as f:
-            report = json.load(f)
-    except OSError as error:
-        raise PatchConfigError(f"the profile report {path} cannot be read: {error.strerror}") from None
-    except ValueError as error:
-        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {error}") from None
-    problem = _what_planning_lacks(report)
-    if problem:
-        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {problem}")
-    return report
-
-
-_LAYER_FIELDS = {"index": int, "type": str, "stage": int, "fwd_latency_s": (int, float),
-                 "bwd_latency_s": (int, float), "recompute_latency_s": (int, float)}
-
-
-def _what_planning_lacks(report) -> Optional[str]:
-    """What a report lacks of the fields planning reads (a missing layer table is the callers' to say)."""
-    if not isinstance(report, dict):
-        return f"a JSON {type(report).__name__}, not an object"
-    for section, field, kind in (("totals", "throughput_iter_s", (int, float)),
-                                 ("parallelism", "micro_batches", int)):
-        value = report.get(section, {}).get(field) if isinstance(report.get(section), dict) else None
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return f"no {section}.{field}"
-    layers = report.get("layers")
-    if layers is None:
-        return None
-    if not isinstance(layers, list):
-        return "its layers are not a list"
-    for position, row in enumerate(layers):
-        for field, kind in _LAYER_FIELDS.items():
-            if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
-                return f"layer {position} has no {field}"
-    if sorted(row["index"] for row in layers) != list(range(len(layers))):
-        return "its layers are not numbered 0 to n - 1"
-    return None
