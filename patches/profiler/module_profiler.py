@@ -9,6 +9,9 @@
     prof.remove()          # every hook gone: the module runs exactly as before
 
 How it measures
+- The tree (module_tree.py): one node per module (a module reachable twice appears once, each parameter
+  counts once), holding every measurement, and the reported views of them: tree(), events(),
+  invisible_attention().
 - FLOPs (flop_counting.py): a TorchDispatchMode sees every aten op; the FLOPs of those with a formula go
   to the innermost module call on the stack below, in the phase the op runs in (phases.py). Ops outside
   any call go to the root. A matrix-class op without a formula is listed by `uncounted_ops()` instead.
@@ -43,15 +46,15 @@ How it measures
 """
 import contextlib
 import functools
-import re
 import time
 import weakref
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
 
 from patches.profiler.flop_counting import FlopCountingMode, UncountedOp
-from patches.profiler.flop_formulas import MATRIX, module_flops_for
+from patches.profiler.flop_formulas import MATRIX
+from patches.profiler.module_tree import ModuleEvent, ModuleTree
 from patches.profiler.phases import (
     BACKWARD,
     FORWARD,
@@ -62,38 +65,7 @@ from patches.profiler.phases import (
     module_call_phase,
 )
 
-# (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
-ModuleEvent = Tuple[str, str, int, str, float, float]
-# Module types that compute attention, by name (invisible_attention).
-ATTENTION_TYPE = re.compile(r"attn|attention", re.IGNORECASE)
-
 _graph_task_id = torch._C._current_graph_task_id
-
-
-class _Node:
-    """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
-    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula", "ignored",
-                 "flops", "other_flops", "latency_s", "calls", "input_shapes", "active", "since", "wall_since",
-                 "open_calls")
-
-    def __init__(self, name, module_type, ancestors, formula):
-        self.name, self.type, self.formula = name, module_type, formula
-        self.ancestors = ancestors  # root first
-        self.ancestor_set = frozenset(ancestors)
-        # dotted names below the root ("3.self_attention"); the root is known by its own name
-        self.path = ".".join(a.name for a in ancestors[1:] + (self,)) if ancestors else name
-        self.params = 0
-        self.ignored = False  # a type in start_profile's ignore_list: measured, left out of the tree
-        self.children = []
-        self.flops = [0, 0, 0]
-        self.other_flops = [0, 0, 0]
-        self.latency_s = [0.0, 0.0, 0.0]
-        self.calls = [0, 0, 0]
-        self.input_shapes = [0, 0, 0]  # per phase, a hash of every call's input tensor shapes, in call order
-        self.active = [0, 0, 0]  # entries on the stack, per phase
-        self.since = [0.0, 0.0, 0.0]  # the phase clock when the node became active, per phase
-        self.wall_since = [0.0, 0.0, 0.0]  # perf_counter when the node became active, per phase
-        self.open_calls = []  # forward calls between pre-hook and post-hook
 
 
 class _Entry:
@@ -208,53 +180,6 @@ def _output_nodes(output):
     return nodes.values()
 
 
-def _build_tree(root, root_name):
-    """The node tree and (module, node) pairs. A module reachable twice appears once (first place);
-    each Parameter counts once, in its first owner, as the numel of the local tensor."""
-    pairs, seen_modules, seen_params = [], set(), set()
-
-    def build(module, name, ancestors):
-        seen_modules.add(id(module))
-        node = _Node(name, type(module).__name__, ancestors, module_flops_for(module))
-        pairs.append((module, node))
-        own = 0
-        for param in module.parameters(recurse=False):
-            if id(param) not in seen_params:
-                seen_params.add(id(param))
-                own += param.numel()
-        lineage = ancestors + (node,)
-        for child_name, child in module.named_children():
-            if id(child) not in seen_modules:
-                node.children.append(build(child, child_name, lineage))
-        node.params = own + sum(child.params for child in node.children)
-        return node
-
-    return build(root, root_name, ()), pairs
-
-
-def _node_dict(node):
-    """The node, inclusive, without its ignored subtrees: their flops, latencies and params leave the
-    ancestors' totals too (the work was credited to the ignored nodes, which are simply not added)."""
-    kept = [child for child in node.children if not child.ignored]
-    children = [_node_dict(child) for child in kept]
-    own_params = node.params - sum(child.params for child in node.children)
-    out = {"name": node.name, "type": node.type, "params": own_params + sum(child["params"] for child in children)}
-
-    def inclusive(field, own):
-        out[field] = own + sum(child[field] for child in children)
-
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        inclusive(f"{prefix}_flops", node.flops[phase])
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        out[f"{prefix}_latency_s"] = node.latency_s[phase]  # measured on the node: already inclusive
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        inclusive(f"{prefix}_other_flops", node.other_flops[phase])
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        out[f"{prefix}_calls"] = node.calls[phase]  # the node's own calls
-    out["children"] = children
-    return out
-
-
 def _no_sync():
     pass
 
@@ -268,11 +193,8 @@ class ModuleProfiler:
         the dispatch mode on the timed path (the FLOPs come from another pass: adopt_counts)."""
         self.root_module = root
         self._synchronize = synchronize or _no_sync
-        self._root, self._pairs = _build_tree(root, root_name or type(root).__name__)
-        ignore_types = tuple(ignore_types or ())
-        for module, node in self._pairs:
-            node.ignored = node is not self._root and type(module) in ignore_types
-        self._node_of = {id(module): node for module, node in self._pairs}
+        self._tree = ModuleTree(root, root_name or type(root).__name__, ignore_types)
+        self._root = self._tree.root  # read on every counted op
         self._mode = FlopCountingMode(self._credit, self._count_uncounted, self._note_value_dependent) \
             if count_flops else None
         self._uncounted = {}  # (op name, phase) -> calls
@@ -291,7 +213,7 @@ class ModuleProfiler:
         if self._counting:
             return
         if not self._module_hooks:
-            for module, node in self._pairs:
+            for module, node in self._tree.pairs:
                 self._module_hooks.append(module.register_forward_pre_hook(
                     functools.partial(self._on_forward_pre, node), with_kwargs=True, prepend=True))
                 self._module_hooks.append(module.register_forward_hook(
@@ -320,11 +242,9 @@ class ModuleProfiler:
         self._module_hooks, self._graph_hooks = [], []
 
     def reset(self) -> None:
+        self._tree.zero_counts()
         now = self._now()
-        for _, node in self._pairs:
-            for counter in (node.flops, node.other_flops, node.calls, node.input_shapes):
-                counter[:] = [0, 0, 0]
-            node.latency_s[:] = [0.0, 0.0, 0.0]
+        for node in self._tree.nodes:
             node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
             node.wall_since[:] = [now, now, now]
         self._events = []
@@ -332,15 +252,13 @@ class ModuleProfiler:
         self._value_dependent = {}
 
     def tree(self) -> dict:
-        return _node_dict(self._root)
+        return self._tree.as_dict()
 
     def events(self) -> List[ModuleEvent]:
         """[(path, type, depth, phase, start, end)] in order of ending: every stretch during which a module
         had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
         string objects repeat for a module, so pickling the list sends each path once."""
-        return [(node.path, node.type, len(node.ancestors), PHASE_PREFIXES[phase], start, end)
-                for node, phase, start, end in self._events
-                if not node.ignored and not any(a.ignored for a in node.ancestors)]
+        return self._tree.events(self._events)
 
     def uncounted_ops(self) -> List["UncountedOp"]:
         """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""
@@ -352,23 +270,7 @@ class ModuleProfiler:
         forward calls in which no matrix work was counted, in their subtree either (modules left out by
         ignore_list excepted). Attention that reaches torch (SDPA, bmm, flash-attn's custom ops) always is, so
         such a module ran a kernel torch cannot see, and its attention FLOPs are missing."""
-        found = []
-
-        def walk(node, ignored_above):
-            ignored = ignored_above or node.ignored
-            flops, hidden_below = node.flops[FORWARD], False
-            for child in node.children:
-                child_flops, child_hidden = walk(child, ignored)
-                flops, hidden_below = flops + child_flops, hidden_below or child_hidden
-            if hidden_below:
-                return flops, True
-            if not ignored and node.calls[FORWARD] and flops == 0 and ATTENTION_TYPE.search(node.type):
-                found.append({"module": node.path, "type": node.type, "calls": node.calls[FORWARD]})
-                return flops, True
-            return flops, False
-
-        walk(self._root, False)
-        return found
+        return self._tree.invisible_attention()
 
     def totals(self) -> dict:
         tree = self.tree()
@@ -381,16 +283,7 @@ class ModuleProfiler:
         input shapes" for the same number with other input shapes, and the modules whose counted FLOPs
         depend on tensor values (flash-attn's varlen ops), which no comparison of calls can vouch for; empty
         when the same calls ran and their FLOPs follow from their shapes."""
-        if [module for module, _ in counter._pairs] != [module for module, _ in self._pairs]:
-            raise ValueError("adopt_counts: the counting pass profiled another module tree")
-        differ = []
-        for (_, mine), (_, theirs) in zip(self._pairs, counter._pairs):
-            mine.flops[:], mine.other_flops[:] = theirs.flops, theirs.other_flops
-            for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-                if mine.calls[phase] != theirs.calls[phase]:
-                    differ.append(f"{mine.path}: {prefix} {theirs.calls[phase]}/{mine.calls[phase]}")
-                elif mine.input_shapes[phase] != theirs.input_shapes[phase]:
-                    differ.append(f"{mine.path}: {prefix} input shapes")
+        differ = self._tree.adopt_flops(counter._tree)
         # the same shapes do not mean the same FLOPs here: flash-attn varlen's depend on its cu_seqlens values
         differ += [f"{where} FLOPs of {op} depend on tensor values, not shapes alone"
                    for where, op in sorted(counter._value_dependent.items())]
@@ -407,7 +300,7 @@ class ModuleProfiler:
             yield
             return
         self._outside_autograd_backward = True
-        entry = self._push(self._root, BACKWARD, self._now())
+        entry = self._push(self._tree.root, BACKWARD, self._now())
         try:
             yield
         finally:
@@ -424,7 +317,7 @@ class ModuleProfiler:
 
     def scoped_call(self, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""
-        node = self._node_of.get(id(module))
+        node = self._tree.node_of(module)
         if node is None:
             raise ValueError(f"scoped_call: {type(module).__name__} is not in the profiled module tree")
         return _ScopedCall(self, node, module, fn)
@@ -542,7 +435,7 @@ class ModuleProfiler:
         self._stack = []
         self._top_phase, self._top_since = None, 0.0
         self._phase_elapsed = [0.0, 0.0, 0.0]
-        for _, node in self._pairs:
+        for node in self._tree.nodes:
             node.active[:] = [0, 0, 0]
             node.open_calls.clear()
 
