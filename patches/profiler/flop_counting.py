@@ -3,7 +3,8 @@
 - A TorchDispatchMode (FlopCountingMode) sees every aten op. Ops in `torch.utils.flop_counter`'s registry
   (GEMMs, convolutions, attention; see flop_formulas.py for the CPU attention kernels added to it) are
   counted, others cost one dict lookup (the formula cache). Each counted op goes to the innermost module call
-  on the profiler's stack, in the phase the op runs in (phases.py). Ops outside any call go to the root.
+  on the phase stack (phase_stack.py), in the phase the op runs in (PhaseStack.op_phase). Ops outside any
+  call go to the root.
 - aten.mul.Tensor counts only inside the backward of mv / addmv / dot / vdot, where it forms a GEMM
   gradient (flop_formulas.gemm_backward_product_flops).
 - A matrix-class op without a formula, or one given a nested tensor, is listed by `uncounted_ops()` instead:
@@ -12,7 +13,7 @@
   decomposition, whose ops are counted, so the count does not depend on the grad mode.
 """
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from torch.utils import flop_counter
@@ -25,6 +26,9 @@ from patches.profiler.flop_formulas import (
     gemm_backward_product_flops,
     is_matrix_class,
 )
+from patches.profiler.module_tree import ModuleNode
+from patches.profiler.phase_stack import PhaseStack
+from patches.profiler.phases import PHASE_PREFIXES
 
 
 @dataclass(frozen=True)
@@ -154,3 +158,47 @@ class FlopCountingMode(TorchDispatchMode):
             if formula in VALUE_DEPENDENT_FORMULAS:
                 self.value_dependent(func)
         return out
+
+
+class FlopCredits:
+    """Where the mode's counts go: each op's FLOPs to the node on top of the phase stack (the root when the
+    stack is empty), in the op's phase; the ops it could not count, and the modules where FLOPs read tensor
+    values, kept aside for the report."""
+
+    def __init__(self, root: ModuleNode, stack: PhaseStack):
+        self._root = root
+        # Bound once: credit runs on every counted op, and the stack never rebinds its entries.
+        self._entries = stack.entries
+        self._op_phase = stack.op_phase
+        self._uncounted: Dict[Tuple[str, int], int] = {}  # (op name, phase) -> calls
+        self._value_dependent: Dict[str, str] = {}  # "path: phase" -> the op whose FLOPs read tensor values there
+
+    def credit(self, flops: int) -> None:
+        entries = self._entries
+        node = entries[-1].node if entries else self._root
+        node.flops[self._op_phase()] += flops
+
+    def count_uncounted(self, func: Any) -> None:
+        key = (str(func), self._op_phase())
+        self._uncounted[key] = self._uncounted.get(key, 0) + 1
+
+    def note_value_dependent(self, func: Any) -> None:
+        node = self._entries[-1].node if self._entries else self._root
+        self._value_dependent[f"{node.path}: {PHASE_PREFIXES[self._op_phase()]}"] = str(func)
+
+    def uncounted_ops(self) -> List[UncountedOp]:
+        """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""
+        return [UncountedOp(op=op, phase=PHASE_PREFIXES[phase], calls=calls)
+                for (op, phase), calls in sorted(self._uncounted.items())]
+
+    def reset(self) -> None:
+        self._uncounted = {}
+        self._value_dependent = {}
+
+    def adopt(self, counted: "FlopCredits") -> List[str]:
+        """Take the uncounted ops of `counted`, another pass's credits; returns one line per module whose
+        counted FLOPs depend on tensor values (flash-attn's varlen ops: the same shapes do not mean the same
+        FLOPs there), which no comparison of calls can vouch for."""
+        self._uncounted = dict(counted._uncounted)
+        return [f"{where} FLOPs of {op} depend on tensor values, not shapes alone"
+                for where, op in sorted(counted._value_dependent.items())]

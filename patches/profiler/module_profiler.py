@@ -13,7 +13,7 @@ How it measures
   counts once), holding every measurement, and the reported views of them: tree(), events(),
   invisible_attention().
 - FLOPs (flop_counting.py): a TorchDispatchMode sees every aten op; the FLOPs of those with a formula go
-  to the innermost module call on the stack below, in the phase the op runs in (phases.py). Ops outside
+  to the innermost module call on the stack, in the phase the op runs in (phases.py). Ops outside
   any call go to the root. A matrix-class op without a formula is listed by `uncounted_ops()` instead.
 - Forward and recompute calls: forward pre/post hooks push and pop the stack. A call that starts
   inside an autograd graph task is a recompute (activation checkpointing), so a checkpointed layer's
@@ -27,55 +27,30 @@ How it measures
   its subtree starts, when its parent ends, or at the end of the graph task. Backward entries
   therefore always form a chain of ancestors. No hook holds an autograd node: a graph recorded while
   profiling and never run backward is freed as usual.
-- Nesting: every entry pushed in a phase has all its tree ancestors on the stack in that phase. Those
-  not running a call of their own (the pipeline module while its layers recompute inside backward,
-  or while a child's backward starts a hook earlier than the parent's at the same autograd node) get
-  an implicit entry that opens and closes with the entry that needed it. A module's latency is the
-  time during which it has at least one entry in that phase, so children never exceed their parent.
-- Latency: `synchronize()` then `time.perf_counter()` at every push and pop. Only the phase on top of
-  the stack is timed, so the three phases never share a second: a recompute running inside a backward
-  (reentrant checkpoint in the pipeline module's backward, or non-reentrant recompute inside a layer's
-  backward node) counts as recompute, not also as backward.
+- The stack (phase_stack.py) the hooks push and pop: every entry has its tree ancestors below it in its
+  phase, so children never exceed their parent; `synchronize()` then `time.perf_counter()` at every push
+  and pop, and only the phase on top of the stack is timed, so the three phases never share a second.
 - Backward work outside autograd: a zero-bubble schedule defers its linears' weight-gradient GEMMs out of
   the backward pass and runs them later, in its WeightPass instruction. That work is backward work of the
   linear it came from (deferred_backward, where the schedule's store hands it over) and runs as such
   (backward_outside_autograd, around the instruction).
 - Events: each stretch during which a module is active in a phase is also kept as a wall-clock
-  interval (one tuple appended when the stretch ends, from the clock reads above). Stretches come from
-  one stack, so they nest; a backward stretch encloses a recompute running inside it.
+  interval (phase_stack.py); events() lists those of the modules shown.
 """
 import contextlib
 import functools
-import time
 import weakref
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
 
-from patches.profiler.flop_counting import FlopCountingMode, UncountedOp
+from patches.profiler.flop_counting import FlopCountingMode, FlopCredits, UncountedOp
 from patches.profiler.flop_formulas import MATRIX
 from patches.profiler.module_tree import ModuleEvent, ModuleTree
-from patches.profiler.phases import (
-    BACKWARD,
-    FORWARD,
-    PHASE_PREFIXES,
-    PHASES,
-    RECOMPUTE,
-    current_phase,
-    module_call_phase,
-)
+from patches.profiler.phase_stack import PhaseStack
+from patches.profiler.phases import BACKWARD, PHASE_PREFIXES, module_call_phase
 
 _graph_task_id = torch._C._current_graph_task_id
-
-
-class _Entry:
-    """A node's presence on the stack in one phase. `owner` is set on an implicit entry: the entry
-    that needed this ancestor and whose pop removes it."""
-    __slots__ = ("node", "phase", "owner", "task", "live")
-
-    def __init__(self, node, phase, owner, task):
-        self.node, self.phase, self.owner, self.task = node, phase, owner, task
-        self.live = True
 
 
 class _Call:
@@ -128,14 +103,9 @@ class _DeferredBackward:
         profiler = self.profiler
         if not profiler._counting or _graph_task_id() != -1:
             return self.fn(*args, **kwargs)
-        outside = profiler._outside_autograd_backward  # whoever runs it (WeightPass, or user code), it is backward
-        profiler._outside_autograd_backward = True
-        entry = profiler._push(self.node, BACKWARD, profiler._now())
-        try:
+        # whoever runs it (WeightPass, or user code), it is backward
+        with profiler._stack.backward_outside_autograd(self.node):
             return self.fn(*args, **kwargs)
-        finally:
-            profiler._pop(entry, profiler._now())
-            profiler._outside_autograd_backward = outside
 
 
 # The ModuleProfilers measuring now (started, not stopped): where deferred backward work is handed over.
@@ -180,10 +150,6 @@ def _output_nodes(output):
     return nodes.values()
 
 
-def _no_sync():
-    pass
-
-
 class ModuleProfiler:
     def __init__(self, root: torch.nn.Module, synchronize: Optional[Callable[[], None]] = None,
                  root_name: Optional[str] = None, ignore_types: Optional[Iterable[type]] = (),
@@ -192,21 +158,16 @@ class ModuleProfiler:
         DeepSpeed matches them; the root is always kept. count_flops=False: calls and latencies only, without
         the dispatch mode on the timed path (the FLOPs come from another pass: adopt_counts)."""
         self.root_module = root
-        self._synchronize = synchronize or _no_sync
         self._tree = ModuleTree(root, root_name or type(root).__name__, ignore_types)
-        self._root = self._tree.root  # read on every counted op
-        self._mode = FlopCountingMode(self._credit, self._count_uncounted, self._note_value_dependent) \
-            if count_flops else None
-        self._uncounted = {}  # (op name, phase) -> calls
-        self._value_dependent = {}  # "path: phase" -> the op whose FLOPs read tensor values there
+        self._stack = PhaseStack(self._tree.nodes, synchronize)
+        self._push, self._pop = self._stack.push, self._stack.pop  # bound once: every hook pushes or pops
+        self._credits = FlopCredits(self._tree.root, self._stack)
+        self._mode = FlopCountingMode(self._credits.credit, self._credits.count_uncounted,
+                                      self._credits.note_value_dependent) if count_flops else None
         self._module_hooks = []
         self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
         self._watched_tasks = set()
-        self._events = []  # (node, phase, start, end): one per stretch of activity
         self._counting = False
-        self._outside_autograd_backward = False  # in backward work a schedule runs outside autograd
-        self._stack = []
-        self._clear_stack()
 
     # ------------------------------------------------------------------ public API
     def start(self) -> None:
@@ -218,7 +179,8 @@ class ModuleProfiler:
                     functools.partial(self._on_forward_pre, node), with_kwargs=True, prepend=True))
                 self._module_hooks.append(module.register_forward_hook(
                     functools.partial(self._on_forward_post, node), always_call=True))
-        self._clear_stack()
+        self._stack.clear()
+        self._forget_open_calls()
         if self._mode is not None:
             self._mode.__enter__()
         self._counting = True
@@ -232,7 +194,8 @@ class ModuleProfiler:
         _MEASURING.discard(self)
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
-        self._clear_stack()
+        self._stack.clear()
+        self._forget_open_calls()
 
     def remove(self) -> None:
         """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
@@ -243,13 +206,8 @@ class ModuleProfiler:
 
     def reset(self) -> None:
         self._tree.zero_counts()
-        now = self._now()
-        for node in self._tree.nodes:
-            node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
-            node.wall_since[:] = [now, now, now]
-        self._events = []
-        self._uncounted = {}
-        self._value_dependent = {}
+        self._stack.restart_clocks()
+        self._credits.reset()
 
     def tree(self) -> dict:
         return self._tree.as_dict()
@@ -258,12 +216,11 @@ class ModuleProfiler:
         """[(path, type, depth, phase, start, end)] in order of ending: every stretch during which a module
         had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
         string objects repeat for a module, so pickling the list sends each path once."""
-        return self._tree.events(self._events)
+        return self._tree.events(self._stack.stretches)
 
     def uncounted_ops(self) -> List["UncountedOp"]:
         """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""
-        return [UncountedOp(op=op, phase=PHASE_PREFIXES[phase], calls=calls)
-                for (op, phase), calls in sorted(self._uncounted.items())]
+        return self._credits.uncounted_ops()
 
     def invisible_attention(self) -> List[dict]:
         """[{module, type, calls}]: the deepest modules whose type names attention (Attention, Attn) that ran
@@ -284,11 +241,7 @@ class ModuleProfiler:
         depend on tensor values (flash-attn's varlen ops), which no comparison of calls can vouch for; empty
         when the same calls ran and their FLOPs follow from their shapes."""
         differ = self._tree.adopt_flops(counter._tree)
-        # the same shapes do not mean the same FLOPs here: flash-attn varlen's depend on its cu_seqlens values
-        differ += [f"{where} FLOPs of {op} depend on tensor values, not shapes alone"
-                   for where, op in sorted(counter._value_dependent.items())]
-        self._uncounted = dict(counter._uncounted)
-        return differ
+        return differ + self._credits.adopt(counter._credits)
 
     @contextlib.contextmanager
     def backward_outside_autograd(self) -> Iterator[None]:
@@ -296,24 +249,20 @@ class ModuleProfiler:
         weight-gradient GEMMs deferred out of the backward pass). Its ops count as backward; they go to the
         module whose deferred work runs (deferred_backward), else to the root, whose backward latency covers
         the whole of it."""
-        if not self._counting or self._outside_autograd_backward:
+        if not self._counting or self._stack.outside_autograd:
             yield
             return
-        self._outside_autograd_backward = True
-        entry = self._push(self._tree.root, BACKWARD, self._now())
-        try:
+        with self._stack.backward_outside_autograd(self._tree.root):
             yield
-        finally:
-            self._pop(entry, self._now())
-            self._outside_autograd_backward = False
 
     def deferred_backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """fn, handed out of the backward of the module running it now (the top of the stack), to be run later
         as that module's backward work: upstream's WeightGradStore defers the weight-gradient GEMM of each
         parallel linear this way. Outside a module's backward, fn itself."""
-        if not self._counting or not self._stack or self._stack[-1].phase != BACKWARD:
+        entries = self._stack.entries
+        if not self._counting or not entries or entries[-1].phase != BACKWARD:
             return fn
-        return _DeferredBackward(self, self._stack[-1].node, fn)
+        return _DeferredBackward(self, entries[-1].node, fn)
 
     def scoped_call(self, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""
@@ -322,121 +271,8 @@ class ModuleProfiler:
             raise ValueError(f"scoped_call: {type(module).__name__} is not in the profiled module tree")
         return _ScopedCall(self, node, module, fn)
 
-    # ------------------------------------------------------------------ FLOPs
-    def _op_phase(self):
-        """current_phase(), except that an op under a recompute call is recompute work even with grad mode
-        off (autograd runs a custom Function's forward, Megatron's parallel linears for one, without grad),
-        and that backward work run outside autograd (backward_outside_autograd) is backward work."""
-        phase = current_phase()
-        if phase == BACKWARD and self._stack and self._stack[-1].phase == RECOMPUTE:
-            return RECOMPUTE
-        if phase == FORWARD and self._outside_autograd_backward:
-            return BACKWARD
-        return phase
-
-    def _credit(self, flops):
-        stack = self._stack
-        node = stack[-1].node if stack else self._root
-        node.flops[self._op_phase()] += flops
-
-    def _note_value_dependent(self, func):
-        node = self._stack[-1].node if self._stack else self._root
-        self._value_dependent[f"{node.path}: {PHASE_PREFIXES[self._op_phase()]}"] = str(func)
-
-    def _count_uncounted(self, func):
-        key = (str(func), self._op_phase())
-        self._uncounted[key] = self._uncounted.get(key, 0) + 1
-
-    # ------------------------------------------------------------------ the stack
-    def _now(self):
-        self._synchronize()
-        return time.perf_counter()
-
-    def _phase_clock(self, phase, now):
-        """Seconds during which `phase` was the phase of the top of the stack."""
-        elapsed = self._phase_elapsed[phase]
-        return elapsed + (now - self._top_since) if phase == self._top_phase else elapsed
-
-    def _retop(self, now):
-        """Only the top phase's clock runs: a backward waiting on a recompute above it is paused."""
-        top = self._stack[-1].phase if self._stack else None
-        if top != self._top_phase:
-            if self._top_phase is not None:
-                self._phase_elapsed[self._top_phase] += now - self._top_since
-            self._top_phase, self._top_since = top, now
-
-    def _open(self, entry, now):
-        self._stack.append(entry)
-        self._retop(now)
-        node, phase = entry.node, entry.phase
-        if node.active[phase] == 0:
-            node.since[phase] = self._phase_clock(phase, now)
-            node.wall_since[phase] = now
-        node.active[phase] += 1
-
-    def _close_from(self, index, now):
-        """Pop the entry at `index` and everything above it."""
-        stack = self._stack
-        for entry in stack[index:]:
-            entry.live = False
-            node, phase = entry.node, entry.phase
-            node.active[phase] -= 1
-            if node.active[phase] == 0:
-                node.latency_s[phase] += self._phase_clock(phase, now) - node.since[phase]
-                self._events.append((node, phase, node.wall_since[phase], now))
-        del stack[index:]
-        self._retop(now)
-
-    def _pop(self, entry, now):
-        """Pop a live entry, whatever is above it, and the implicit ancestors pushed for it."""
-        if not entry.live:
-            return
-        stack = self._stack
-        index = len(stack) - 1
-        while stack[index] is not entry:
-            index -= 1
-        while index and stack[index - 1].owner is entry:
-            index -= 1
-        self._close_from(index, now)
-
-    def _push(self, node, phase, now):
-        stack = self._stack
-        low = len(stack)
-        while low and stack[low - 1].phase == phase:
-            low -= 1
-        if phase == BACKWARD:
-            for index in range(low, len(stack)):
-                entry = stack[index]
-                if entry.node is node and entry.owner is not None:
-                    # A descendant's backward started first at the same autograd node; this node's own
-                    # start adopts the implicit entry (and the implicit ancestors below it).
-                    for below in stack[low:index]:
-                        if below.owner is entry.owner:
-                            below.owner = entry
-                    entry.owner = None
-                    return entry
-            # Backward runs subtree by subtree: whatever is not an ancestor of this node has finished.
-            for index in range(low, len(stack)):
-                if stack[index].node not in node.ancestor_set:
-                    self._close_from(index, now)
-                    break
-        task = _graph_task_id()
-        entry = _Entry(node, phase, None, task)
-        running = {other.node for other in stack[low:]}
-        for ancestor in node.ancestors:
-            if ancestor not in running:
-                self._open(_Entry(ancestor, phase, entry, task), now)
-        self._open(entry, now)
-        return entry
-
-    def _clear_stack(self):
-        for entry in self._stack:
-            entry.live = False
-        self._stack = []
-        self._top_phase, self._top_since = None, 0.0
-        self._phase_elapsed = [0.0, 0.0, 0.0]
+    def _forget_open_calls(self):
         for node in self._tree.nodes:
-            node.active[:] = [0, 0, 0]
             node.open_calls.clear()
 
     # ------------------------------------------------------------------ forward / recompute calls
@@ -462,7 +298,7 @@ class ModuleProfiler:
                     call.inputs += 1
                     self._graph_hooks.append(tensor.register_hook(on_input_grad))
         phase = module_call_phase()
-        call.entry = self._push(node, phase, self._now())
+        call.entry = self._push(node, phase)
         node.calls[phase] += 1
         # What adopt_counts compares between two iterations, beside the calls: a change of shape (a growing
         # sequence length) changes the FLOPs with the same calls.
@@ -475,7 +311,7 @@ class ModuleProfiler:
         if call not in node.open_calls:  # profiling stopped or restarted during the call
             return
         node.open_calls.remove(call)
-        self._pop(call.entry, self._now())
+        self._pop(call.entry)
         if output is None or not torch.is_grad_enabled():
             return
         on_outputs_grad = functools.partial(self._on_outputs_grad, call)
@@ -497,7 +333,7 @@ class ModuleProfiler:
         task = _graph_task_id()
         if call.bwd_done_task == task or (call.bwd_entry is not None and call.bwd_entry.live):
             return  # an identity module (its inputs' gradients came first), or already running
-        call.bwd_entry = self._push(call.node, BACKWARD, self._now())
+        call.bwd_entry = self._push(call.node, BACKWARD)
         if call.bwd_task != task:
             call.bwd_task = task
             call.node.calls[BACKWARD] += 1
@@ -519,14 +355,10 @@ class ModuleProfiler:
             return
         call.bwd_done_task = task
         if call.bwd_entry is not None and call.bwd_entry.live:
-            self._pop(call.bwd_entry, self._now())
+            self._pop(call.bwd_entry)
 
     def _on_task_end(self, task):
         """End of a graph task (a backward call, or a reentrant checkpoint's inner backward)."""
         self._watched_tasks.discard(task)
-        if not self._counting:
-            return
-        for index, entry in enumerate(self._stack):
-            if entry.task == task:
-                self._close_from(index, self._now())
-                break
+        if self._counting:
+            self._stack.close_task(task)
