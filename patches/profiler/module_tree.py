@@ -5,8 +5,8 @@
 - Modules of the types given as ignore_types (DeepSpeed's ignore_list) are measured like any other but left out
   of what the tree reports: their FLOPs, latencies and params leave their ancestors' totals too.
 - Counters are lists indexed by phase (phases.py) and hold each module's own work; `as_dict` makes them
-  inclusive. The FLOP counting (flop_counting.py), the stack (phase_stack.py) and the module profiler's
-  hooks write them directly: one node object per module keeps every per-op and per-call update to an attribute read.
+  inclusive. The FLOP counting (flop_counting.py), the hooks (module_hooks.py) and the stack (phase_stack.py)
+  write them directly: one node object per module keeps every per-op and per-call update to an attribute read.
 - invisible_attention: attention that reaches torch (SDPA, bmm, flash-attn's custom ops) is always counted, so
   an attention module whose forward calls counted no matrix work ran a kernel torch cannot see.
 """
