@@ -39,7 +39,7 @@ from patches.profiler.phase_stack import PhaseStack
 from patches.profiler.phases import BACKWARD, PHASE_PREFIXES
 
 # UncountedOp and ModuleEvent live with the parts that make them; readers of the profiler import them here.
-__all__ = ["ModuleEvent", "ModuleProfiler", "UncountedOp", "defer_backward_work"]
+__all__ = ("ModuleEvent", "ModuleProfiler", "UncountedOp", "defer_backward_work")
 
 # The ModuleProfilers measuring now (started, not stopped): where deferred backward work is handed over.
 _MEASURING = weakref.WeakSet()
