@@ -8,301 +8,38 @@
     prof.events()          # [(path, type, depth, phase, start, end)]: when each module was active, for the trace
     prof.remove()          # every hook gone: the module runs exactly as before
 
-How it measures
-- FLOPs: a TorchDispatchMode sees every aten op. Ops in `torch.utils.flop_counter`'s registry (GEMMs,
-  convolutions, attention; see flop_formulas.py for the CPU attention kernels added to it) are
-  counted, others cost one dict lookup. Each counted op goes to the innermost module call on the
-  stack below, in the phase the op runs in (phases.py). Ops outside any call go to the root.
-  aten.mul.Tensor counts only inside the backward of mv / addmv / dot / vdot, where it forms a GEMM
-  gradient (flop_formulas.gemm_backward_product_flops). A matrix-class op without a formula, or one
-  given a nested tensor, is listed by `uncounted_ops()` instead.
-- Forward and recompute calls: forward pre/post hooks push and pop the stack. A call that starts
-  inside an autograd graph task is a recompute (activation checkpointing), so a checkpointed layer's
-  two runs per micro-batch land in different phases.
-- Backward calls, without wrapping any tensor (nn.Module's full backward hooks wrap inputs and outputs
-  in an identity autograd Function, which breaks in-place ops on them and warns on no-grad inputs):
-  a call's backward starts when the autograd node producing one of its outputs is about to run
-  (a Node pre-hook) and ends when the gradients of all its inputs that need one are computed
-  (a hook on each input tensor). A call whose inputs need no gradient (an embedding fed token ids),
-  or one with an input whose gradient is never computed, ends when the backward of a module outside
-  its subtree starts, when its parent ends, or at the end of the graph task. Backward entries
-  therefore always form a chain of ancestors. No hook holds an autograd node: a graph recorded while
-  profiling and never run backward is freed as usual.
-- Nesting: every entry pushed in a phase has all its tree ancestors on the stack in that phase. Those
-  not running a call of their own (the pipeline module while its layers recompute inside backward,
-  or while a child's backward starts a hook earlier than the parent's at the same autograd node) get
-  an implicit entry that opens and closes with the entry that needed it. A module's latency is the
-  time during which it has at least one entry in that phase, so children never exceed their parent.
-- Latency: `synchronize()` then `time.perf_counter()` at every push and pop. Only the phase on top of
-  the stack is timed, so the three phases never share a second: a recompute running inside a backward
-  (reentrant checkpoint in the pipeline module's backward, or non-reentrant recompute inside a layer's
-  backward node) counts as recompute, not also as backward.
+How it measures, one part per file (each file's docstring says how):
+- module_tree.py: one node per module (a module reachable twice appears once, each parameter counts once),
+  holding every measurement, and the reported views of them: tree(), events(), invisible_attention().
+- flop_counting.py: a TorchDispatchMode sees every aten op; the FLOPs of those with a formula go to the
+  innermost module call on the stack, in the phase the op runs in (phases.py); ops outside any call go to
+  the root. A matrix-class op without a formula is listed by `uncounted_ops()` instead.
+- module_hooks.py: forward pre/post hooks time forward and recompute calls (a call starting inside an
+  autograd graph task is a recompute); autograd Node pre-hooks and input-tensor hooks time backward calls
+  without wrapping any tensor; calls no hook sees (scoped_call, deferred_backward) are timed alike.
+- phase_stack.py: the stack the hooks push and pop; every entry has its tree ancestors below it in its
+  phase, so children never exceed their parent; `synchronize()` then `time.perf_counter()` at every push and
+  pop, and only the phase on top of the stack is timed, so the three phases never share a second. Each
+  stretch of a module's activity in a phase is also kept as a wall-clock interval (events()).
 - Backward work outside autograd: a zero-bubble schedule defers its linears' weight-gradient GEMMs out of
   the backward pass and runs them later, in its WeightPass instruction. That work is backward work of the
   linear it came from (deferred_backward, where the schedule's store hands it over) and runs as such
   (backward_outside_autograd, around the instruction).
-- Events: each stretch during which a module is active in a phase is also kept as a wall-clock
-  interval (one tuple appended when the stretch ends, from the clock reads above). Stretches come from
-  one stack, so they nest; a backward stretch encloses a recompute running inside it.
 """
 import contextlib
-import functools
-import re
-import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
-from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from patches.profiler.flop_formulas import (
-    MATRIX,
-    VALUE_DEPENDENT_FORMULAS,
-    any_nested,
-    custom_op_formula,
-    gemm_backward_product_flops,
-    is_matrix_class,
-    module_flops_for,
-)
-from patches.profiler.phases import (
-    BACKWARD,
-    FORWARD,
-    PHASE_PREFIXES,
-    PHASES,
-    RECOMPUTE,
-    current_phase,
-    module_call_phase,
-)
+from patches.profiler.flop_counting import FlopCountingMode, FlopCredits, UncountedOp
+from patches.profiler.module_hooks import ModuleHooks
+from patches.profiler.module_tree import ModuleEvent, ModuleTree
+from patches.profiler.phase_stack import PhaseStack
+from patches.profiler.phases import BACKWARD, PHASE_PREFIXES
 
-# (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
-ModuleEvent = Tuple[str, str, int, str, float, float]
-# Module types that compute attention, by name (invisible_attention).
-ATTENTION_TYPE = re.compile(r"attn|attention", re.IGNORECASE)
-
-_graph_task_id = torch._C._current_graph_task_id
-
-
-@dataclass(frozen=True)
-class UncountedOp:
-    """An aten op that may do matrix-class work but has no FLOP formula: listed in the report, so a
-    total is never silently smaller than the work done."""
-    op: str  # the overload's name, e.g. "aten.mv.default"
-    phase: str  # "fwd", "bwd" or "recompute"
-    calls: int
-
-
-class _Node:
-    """One module of the tree; counters are lists indexed by phase and hold the module's own work."""
-    __slots__ = ("name", "path", "type", "params", "children", "ancestors", "ancestor_set", "formula", "ignored",
-                 "flops", "other_flops", "latency_s", "calls", "input_shapes", "active", "since", "wall_since",
-                 "open_calls")
-
-    def __init__(self, name, module_type, ancestors, formula):
-        self.name, self.type, self.formula = name, module_type, formula
-        self.ancestors = ancestors  # root first
-        self.ancestor_set = frozenset(ancestors)
-        # dotted names below the root ("3.self_attention"); the root is known by its own name
-        self.path = ".".join(a.name for a in ancestors[1:] + (self,)) if ancestors else name
-        self.params = 0
-        self.ignored = False  # a type in start_profile's ignore_list: measured, left out of the tree
-        self.children = []
-        self.flops = [0, 0, 0]
-        self.other_flops = [0, 0, 0]
-        self.latency_s = [0.0, 0.0, 0.0]
-        self.calls = [0, 0, 0]
-        self.input_shapes = [0, 0, 0]  # per phase, a hash of every call's input tensor shapes, in call order
-        self.active = [0, 0, 0]  # entries on the stack, per phase
-        self.since = [0.0, 0.0, 0.0]  # the phase clock when the node became active, per phase
-        self.wall_since = [0.0, 0.0, 0.0]  # perf_counter when the node became active, per phase
-        self.open_calls = []  # forward calls between pre-hook and post-hook
-
-
-class _Entry:
-    """A node's presence on the stack in one phase. `owner` is set on an implicit entry: the entry
-    that needed this ancestor and whose pop removes it."""
-    __slots__ = ("node", "phase", "owner", "task", "live")
-
-    def __init__(self, node, phase, owner, task):
-        self.node, self.phase, self.owner, self.task = node, phase, owner, task
-        self.live = True
-
-
-class _Call:
-    """One forward (or recompute) call of a module, and the backward that follows from it."""
-    __slots__ = ("node", "entry", "bwd_entry", "bwd_task", "bwd_done_task", "inputs", "input_grads",
-                 "pending_bwd")
-
-    def __init__(self, node):
-        self.node = node
-        self.entry = self.bwd_entry = None
-        self.bwd_task = self.bwd_done_task = None  # graph tasks in which the backward started / ended
-        self.inputs = 0  # input tensors that need a gradient
-        self.input_grads = (None, 0)  # (graph task, input gradients computed in it)
-        self.pending_bwd = None  # (counter list, flops) of a module formula, credited when backward runs
-
-
-# The formula cache's values beyond formulas and None: a matrix-class op without a formula (counted as
-# a call, not as FLOPs), and a composite op to run as its decomposition (below).
-UNCOUNTED = object()
-DECOMPOSE = object()
-
-
-# The code of torch's shape_wrapper, which every formula registered without get_raw carries.
-_SHAPE_WRAPPER_CODE = flop_counter.shape_wrapper(lambda: None).__code__
-
-
-class _Unshaped(Exception):
-    """An argument in a container other than list, tuple or dict: left to torch's own shape wrapper."""
-
-
-def _shape_of(value):
-    """What torch's shape_wrapper hands a formula for `value` (tensors replaced by their shapes), without
-    its pytree flatten and unflatten, which cost more than the rest of a counted op."""
-    if isinstance(value, torch.Tensor):
-        return value.shape
-    kind = type(value)
-    if kind is list or kind is tuple:
-        return kind(_shape_of(item) for item in value)
-    if kind is dict:
-        return {key: _shape_of(item) for key, item in value.items()}
-    if isinstance(value, tuple) and kind is not torch.Size:  # named tuples: pytree rebuilds them
-        raise _Unshaped
-    return value
-
-
-class _ShapeFormula:
-    """A registered formula called on shapes directly: the same function, so the same count."""
-    __slots__ = ("wrapped", "raw")
-
-    def __init__(self, wrapped):
-        self.wrapped, self.raw = wrapped, wrapped.__wrapped__
-
-    def __call__(self, *args, out_val=None, **kwargs):
-        try:
-            return self.raw(*_shape_of(args), out_shape=_shape_of(out_val), **_shape_of(kwargs))
-        except _Unshaped:
-            return self.wrapped(*args, out_val=out_val, **kwargs)
-
-
-class _FormulaCache(dict):
-    """aten overload -> torch's FLOP formula for its packet, UNCOUNTED, DECOMPOSE or None: one dict lookup
-    per op."""
-
-    def __missing__(self, func):
-        packet = getattr(func, "_overloadpacket", None)
-        formula = flop_counter.flop_registry.get(packet)
-        if getattr(formula, "__code__", None) is _SHAPE_WRAPPER_CODE:
-            formula = _ShapeFormula(formula)
-        if func is torch.ops.aten.mul.Tensor:  # the outer products of mv's and dot's backward
-            formula = gemm_backward_product_flops
-        if formula is None:
-            formula = custom_op_formula(func)
-        if formula is None and _has_composite_kernel(func):
-            formula = DECOMPOSE
-        elif formula is None and packet is not None and is_matrix_class(packet.__name__):
-            formula = UNCOUNTED
-        self[func] = formula
-        return formula
-
-
-def _has_composite_kernel(func):
-    """Under inference_mode, composite ops (linear, matmul, einsum, conv2d) reach the mode whole instead of
-    as the mm / bmm / convolution they run as; their decomposition runs the same kernels (torch's own
-    FlopCounterMode decomposes them too), so the count does not depend on the grad mode."""
-    if not isinstance(func, torch._ops.OpOverload):  # higher-order ops have no dispatcher entry
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
-
-
-class _FlopCountingMode(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls):
-        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless the mode opts out (its
-        # documented opt-out): that wrapper alone doubled the per-op cost. Nothing here is compiled.
-        return False
-
-    def __init__(self, credit, uncounted, value_dependent):
-        super().__init__()
-        self.formulas = _FormulaCache()
-        self.credit = credit
-        self.uncounted = uncounted
-        self.value_dependent = value_dependent
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        formula = self.formulas[func]
-        if formula is None:
-            return func(*args, **kwargs) if kwargs else func(*args)
-        # A nested tensor (TransformerEncoder's padding-mask fast path) has no sizes for a formula to read,
-        # and composite decompositions do not run on it: its matrix-class ops are listed as uncounted.
-        nested = any_nested(args)
-        if formula is DECOMPOSE:
-            if not nested:
-                with self:  # the decomposition's ops come back here to be counted
-                    out = func.decompose(*args, **(kwargs or {}))
-                if out is not NotImplemented:
-                    return out
-            formula = UNCOUNTED if nested and is_matrix_class(func._overloadpacket.__name__) else None
-        elif nested:
-            formula = None if formula is gemm_backward_product_flops else UNCOUNTED
-        out = func(*args, **kwargs) if kwargs else func(*args)
-        if formula is UNCOUNTED:
-            self.uncounted(func)
-        elif formula is not None:
-            flops = formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out)
-            if flops:
-                self.credit(flops)
-            if formula in VALUE_DEPENDENT_FORMULAS:
-                self.value_dependent(func)
-        return out
-
-
-class _ScopedCall:
-    """fn(module, *args) run as a call of `module`: forward and backward go to the module's node.
-
-    For DeepSpeed's TiedLayerSpec(forward_fn=...), which calls a plain function on the tied module
-    so that no module hook fires.
-    """
-    __slots__ = ("profiler", "node", "module", "fn")
-
-    def __init__(self, profiler, node, module, fn):
-        self.profiler, self.node, self.module, self.fn = profiler, node, module, fn
-
-    def __call__(self, *args, **kwargs):
-        profiler = self.profiler
-        if not profiler._counting:
-            return self.fn(self.module, *args, **kwargs)
-        call = profiler._enter(self.node, args, kwargs)
-        output = None
-        try:
-            output = self.fn(self.module, *args, **kwargs)
-        finally:
-            profiler._exit(call, output)
-        return output
-
-
-class _DeferredBackward:
-    """fn run as backward work of `node`, outside autograd (ModuleProfiler.deferred_backward); inside a graph
-    task (run at once, within the backward it came from) it runs as it is."""
-    __slots__ = ("profiler", "node", "fn")
-
-    def __init__(self, profiler, node, fn):
-        self.profiler, self.node, self.fn = profiler, node, fn
-
-    def __call__(self, *args, **kwargs):
-        profiler = self.profiler
-        if not profiler._counting or _graph_task_id() != -1:
-            return self.fn(*args, **kwargs)
-        outside = profiler._outside_autograd_backward  # whoever runs it (WeightPass, or user code), it is backward
-        profiler._outside_autograd_backward = True
-        entry = profiler._push(self.node, BACKWARD, profiler._now())
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            profiler._pop(entry, profiler._now())
-            profiler._outside_autograd_backward = outside
-
+# UncountedOp and ModuleEvent live with the parts that make them; readers of the profiler import them here.
+__all__ = ("ModuleEvent", "ModuleProfiler", "UncountedOp", "defer_backward_work")
 
 # The ModuleProfilers measuring now (started, not stopped): where deferred backward work is handed over.
 _MEASURING = weakref.WeakSet()
@@ -316,88 +53,9 @@ def defer_backward_work(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _tensors(value, found):
-    """Append the tensors of nested tuples, lists and dicts to `found`."""
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _tensors(item, found)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _tensors(item, found)
-    return found
-
-
-def _shape_key(tensor):
-    """A tensor's shape for comparing two iterations' calls; a nested tensor has no sizes to read."""
-    return ("nested", tensor.dim()) if tensor.is_nested else tuple(tensor.shape)
-
-
-def _output_nodes(output):
-    """The autograd nodes whose running means a call's backward has begun: each output's grad_fn and,
-    for an output that is a view, its base's grad_fn (an in-place op on the view, e.g. by the caller,
-    swaps the view's node out of the graph; the base's node stays in it)."""
-    nodes = {}
-    for tensor in _tensors(output, []):
-        for source in (tensor, tensor._base):
-            if source is not None and source.grad_fn is not None:
-                nodes[id(source.grad_fn)] = source.grad_fn
-    return nodes.values()
-
-
-def _build_tree(root, root_name):
-    """The node tree and (module, node) pairs. A module reachable twice appears once (first place);
-    each Parameter counts once, in its first owner, as the numel of the local tensor."""
-    pairs, seen_modules, seen_params = [], set(), set()
-
-    def build(module, name, ancestors):
-        seen_modules.add(id(module))
-        node = _Node(name, type(module).__name__, ancestors, module_flops_for(module))
-        pairs.append((module, node))
-        own = 0
-        for param in module.parameters(recurse=False):
-            if id(param) not in seen_params:
-                seen_params.add(id(param))
-                own += param.numel()
-        lineage = ancestors + (node,)
-        for child_name, child in module.named_children():
-            if id(child) not in seen_modules:
-                node.children.append(build(child, child_name, lineage))
-        node.params = own + sum(child.params for child in node.children)
-        return node
-
-    return build(root, root_name, ()), pairs
-
-
-def _node_dict(node):
-    """The node, inclusive, without its ignored subtrees: their flops, latencies and params leave the
-    ancestors' totals too (the work was credited to the ignored nodes, which are simply not added)."""
-    kept = [child for child in node.children if not child.ignored]
-    children = [_node_dict(child) for child in kept]
-    own_params = node.params - sum(child.params for child in node.children)
-    out = {"name": node.name, "type": node.type, "params": own_params + sum(child["params"] for child in children)}
-
-    def inclusive(field, own):
-        out[field] = own + sum(child[field] for child in children)
-
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        inclusive(f"{prefix}_flops", node.flops[phase])
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        out[f"{prefix}_latency_s"] = node.latency_s[phase]  # measured on the node: already inclusive
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        inclusive(f"{prefix}_other_flops", node.other_flops[phase])
-    for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-        out[f"{prefix}_calls"] = node.calls[phase]  # the node's own calls
-    out["children"] = children
-    return out
-
-
-def _no_sync():
-    pass
-
-
 class ModuleProfiler:
+    """The parts composed over one module tree: started, stopped and read as one."""
+
     def __init__(self, root: torch.nn.Module, synchronize: Optional[Callable[[], None]] = None,
                  root_name: Optional[str] = None, ignore_types: Optional[Iterable[type]] = (),
                  count_flops: bool = True):
@@ -405,108 +63,61 @@ class ModuleProfiler:
         DeepSpeed matches them; the root is always kept. count_flops=False: calls and latencies only, without
         the dispatch mode on the timed path (the FLOPs come from another pass: adopt_counts)."""
         self.root_module = root
-        self._synchronize = synchronize or _no_sync
-        self._root, self._pairs = _build_tree(root, root_name or type(root).__name__)
-        ignore_types = tuple(ignore_types or ())
-        for module, node in self._pairs:
-            node.ignored = node is not self._root and type(module) in ignore_types
-        self._node_of = {id(module): node for module, node in self._pairs}
-        self._mode = _FlopCountingMode(self._credit, self._count_uncounted, self._note_value_dependent) \
-            if count_flops else None
-        self._uncounted = {}  # (op name, phase) -> calls
-        self._value_dependent = {}  # "path: phase" -> the op whose FLOPs read tensor values there
-        self._module_hooks = []
-        self._graph_hooks = []  # hooks on autograd nodes and tensors made while profiling
-        self._watched_tasks = set()
-        self._events = []  # (node, phase, start, end): one per stretch of activity
-        self._counting = False
-        self._outside_autograd_backward = False  # in backward work a schedule runs outside autograd
-        self._stack = []
-        self._clear_stack()
+        self._tree = ModuleTree(root, root_name or type(root).__name__, ignore_types)
+        self._stack = PhaseStack(self._tree.nodes, synchronize)
+        self._credits = FlopCredits(self._tree.root, self._stack)
+        self._mode = FlopCountingMode(self._credits.credit, self._credits.count_uncounted,
+                                      self._credits.note_value_dependent) if count_flops else None
+        self._hooks = ModuleHooks(self._tree.pairs, self._stack)
 
-    # ------------------------------------------------------------------ public API
     def start(self) -> None:
-        if self._counting:
+        if self._hooks.measuring:
             return
-        if not self._module_hooks:
-            for module, node in self._pairs:
-                self._module_hooks.append(module.register_forward_pre_hook(
-                    functools.partial(self._on_forward_pre, node), with_kwargs=True, prepend=True))
-                self._module_hooks.append(module.register_forward_hook(
-                    functools.partial(self._on_forward_post, node), always_call=True))
-        self._clear_stack()
+        self._stack.clear()
         if self._mode is not None:
             self._mode.__enter__()
-        self._counting = True
+        self._hooks.start()
         _MEASURING.add(self)
 
     def stop(self) -> None:
         """Stop counting; counts stay readable. Hooks stay installed but do nothing until start()."""
-        if not self._counting:
+        if not self._hooks.measuring:
             return
-        self._counting = False
+        self._hooks.stop()
         _MEASURING.discard(self)
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
-        self._clear_stack()
+        self._stack.clear()
 
     def remove(self) -> None:
         """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
         self.stop()
-        for handle in self._module_hooks + self._graph_hooks:
-            handle.remove()
-        self._module_hooks, self._graph_hooks = [], []
+        self._hooks.remove()
 
     def reset(self) -> None:
-        now = self._now()
-        for _, node in self._pairs:
-            for counter in (node.flops, node.other_flops, node.calls, node.input_shapes):
-                counter[:] = [0, 0, 0]
-            node.latency_s[:] = [0.0, 0.0, 0.0]
-            node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
-            node.wall_since[:] = [now, now, now]
-        self._events = []
-        self._uncounted = {}
-        self._value_dependent = {}
+        self._tree.zero_counts()
+        self._stack.restart_clocks()
+        self._credits.reset()
 
     def tree(self) -> dict:
-        return _node_dict(self._root)
+        return self._tree.as_dict()
 
     def events(self) -> List[ModuleEvent]:
         """[(path, type, depth, phase, start, end)] in order of ending: every stretch during which a module
         had a call running in a phase ('fwd', 'bwd' or 'recompute'), in perf_counter seconds. The same
         string objects repeat for a module, so pickling the list sends each path once."""
-        return [(node.path, node.type, len(node.ancestors), PHASE_PREFIXES[phase], start, end)
-                for node, phase, start, end in self._events
-                if not node.ignored and not any(a.ignored for a in node.ancestors)]
+        return self._tree.events(self._stack.stretches)
 
-    def uncounted_ops(self) -> List["UncountedOp"]:
+    def uncounted_ops(self) -> List[UncountedOp]:
         """[UncountedOp] seen while counting, sorted by (op, phase): matrix-class aten ops without a formula."""
-        return [UncountedOp(op=op, phase=PHASE_PREFIXES[phase], calls=calls)
-                for (op, phase), calls in sorted(self._uncounted.items())]
+        return self._credits.uncounted_ops()
 
     def invisible_attention(self) -> List[dict]:
         """[{module, type, calls}]: the deepest modules whose type names attention (Attention, Attn) that ran
         forward calls in which no matrix work was counted, in their subtree either (modules left out by
         ignore_list excepted). Attention that reaches torch (SDPA, bmm, flash-attn's custom ops) always is, so
         such a module ran a kernel torch cannot see, and its attention FLOPs are missing."""
-        found = []
-
-        def walk(node, ignored_above):
-            ignored = ignored_above or node.ignored
-            flops, hidden_below = node.flops[FORWARD], False
-            for child in node.children:
-                child_flops, child_hidden = walk(child, ignored)
-                flops, hidden_below = flops + child_flops, hidden_below or child_hidden
-            if hidden_below:
-                return flops, True
-            if not ignored and node.calls[FORWARD] and flops == 0 and ATTENTION_TYPE.search(node.type):
-                found.append({"module": node.path, "type": node.type, "calls": node.calls[FORWARD]})
-                return flops, True
-            return flops, False
-
-        walk(self._root, False)
-        return found
+        return self._tree.invisible_attention()
 
     def totals(self) -> dict:
         tree = self.tree()
@@ -519,21 +130,8 @@ class ModuleProfiler:
         input shapes" for the same number with other input shapes, and the modules whose counted FLOPs
         depend on tensor values (flash-attn's varlen ops), which no comparison of calls can vouch for; empty
         when the same calls ran and their FLOPs follow from their shapes."""
-        if [module for module, _ in counter._pairs] != [module for module, _ in self._pairs]:
-            raise ValueError("adopt_counts: the counting pass profiled another module tree")
-        differ = []
-        for (_, mine), (_, theirs) in zip(self._pairs, counter._pairs):
-            mine.flops[:], mine.other_flops[:] = theirs.flops, theirs.other_flops
-            for phase, prefix in zip(PHASES, PHASE_PREFIXES):
-                if mine.calls[phase] != theirs.calls[phase]:
-                    differ.append(f"{mine.path}: {prefix} {theirs.calls[phase]}/{mine.calls[phase]}")
-                elif mine.input_shapes[phase] != theirs.input_shapes[phase]:
-                    differ.append(f"{mine.path}: {prefix} input shapes")
-        # the same shapes do not mean the same FLOPs here: flash-attn varlen's depend on its cu_seqlens values
-        differ += [f"{where} FLOPs of {op} depend on tensor values, not shapes alone"
-                   for where, op in sorted(counter._value_dependent.items())]
-        self._uncounted = dict(counter._uncounted)
-        return differ
+        differ = self._tree.adopt_flops(counter._tree)
+        return differ + self._credits.adopt(counter._credits)
 
     @contextlib.contextmanager
     def backward_outside_autograd(self) -> Iterator[None]:
@@ -541,237 +139,24 @@ class ModuleProfiler:
         weight-gradient GEMMs deferred out of the backward pass). Its ops count as backward; they go to the
         module whose deferred work runs (deferred_backward), else to the root, whose backward latency covers
         the whole of it."""
-        if not self._counting or self._outside_autograd_backward:
+        if not self._hooks.measuring or self._stack.outside_autograd:
             yield
             return
-        self._outside_autograd_backward = True
-        entry = self._push(self._root, BACKWARD, self._now())
-        try:
+        with self._stack.backward_outside_autograd(self._tree.root):
             yield
-        finally:
-            self._pop(entry, self._now())
-            self._outside_autograd_backward = False
 
     def deferred_backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """fn, handed out of the backward of the module running it now (the top of the stack), to be run later
         as that module's backward work: upstream's WeightGradStore defers the weight-gradient GEMM of each
         parallel linear this way. Outside a module's backward, fn itself."""
-        if not self._counting or not self._stack or self._stack[-1].phase != BACKWARD:
+        entries = self._stack.entries
+        if not self._hooks.measuring or not entries or entries[-1].phase != BACKWARD:
             return fn
-        return _DeferredBackward(self, self._stack[-1].node, fn)
+        return self._hooks.deferred_backward(entries[-1].node, fn)
 
     def scoped_call(self, module: torch.nn.Module, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A callable: proxy(*args) runs fn(module, *args) as a call of `module` (forward and backward)."""
-        node = self._node_of.get(id(module))
+        node = self._tree.node_of(module)
         if node is None:
             raise ValueError(f"scoped_call: {type(module).__name__} is not in the profiled module tree")
-        return _ScopedCall(self, node, module, fn)
-
-    # ------------------------------------------------------------------ FLOPs
-    def _op_phase(self):
-        """current_phase(), except that an op under a recompute call is recompute work even with grad mode
-        off (autograd runs a custom Function's forward, Megatron's parallel linears for one, without grad),
-        and that backward work run outside autograd (backward_outside_autograd) is backward work."""
-        phase = current_phase()
-        if phase == BACKWARD and self._stack and self._stack[-1].phase == RECOMPUTE:
-            return RECOMPUTE
-        if phase == FORWARD and self._outside_autograd_backward:
-            return BACKWARD
-        return phase
-
-    def _credit(self, flops):
-        stack = self._stack
-        node = stack[-1].node if stack else self._root
-        node.flops[self._op_phase()] += flops
-
-    def _note_value_dependent(self, func):
-        node = self._stack[-1].node if self._stack else self._root
-        self._value_dependent[f"{node.path}: {PHASE_PREFIXES[self._op_phase()]}"] = str(func)
-
-    def _count_uncounted(self, func):
-        key = (str(func), self._op_phase())
-        self._uncounted[key] = self._uncounted.get(key, 0) + 1
-
-    # ------------------------------------------------------------------ the stack
-    def _now(self):
-        self._synchronize()
-        return time.perf_counter()
-
-    def _phase_clock(self, phase, now):
-        """Seconds during which `phase` was the phase of the top of the stack."""
-        elapsed = self._phase_elapsed[phase]
-        return elapsed + (now - self._top_since) if phase == self._top_phase else elapsed
-
-    def _retop(self, now):
-        """Only the top phase's clock runs: a backward waiting on a recompute above it is paused."""
-        top = self._stack[-1].phase if self._stack else None
-        if top != self._top_phase:
-            if self._top_phase is not None:
-                self._phase_elapsed[self._top_phase] += now - self._top_since
-            self._top_phase, self._top_since = top, now
-
-    def _open(self, entry, now):
-        self._stack.append(entry)
-        self._retop(now)
-        node, phase = entry.node, entry.phase
-        if node.active[phase] == 0:
-            node.since[phase] = self._phase_clock(phase, now)
-            node.wall_since[phase] = now
-        node.active[phase] += 1
-
-    def _close_from(self, index, now):
-        """Pop the entry at `index` and everything above it."""
-        stack = self._stack
-        for entry in stack[index:]:
-            entry.live = False
-            node, phase = entry.node, entry.phase
-            node.active[phase] -= 1
-            if node.active[phase] == 0:
-                node.latency_s[phase] += self._phase_clock(phase, now) - node.since[phase]
-                self._events.append((node, phase, node.wall_since[phase], now))
-        del stack[index:]
-        self._retop(now)
-
-    def _pop(self, entry, now):
-        """Pop a live entry, whatever is above it, and the implicit ancestors pushed for it."""
-        if not entry.live:
-            return
-        stack = self._stack
-        index = len(stack) - 1
-        while stack[index] is not entry:
-            index -= 1
-        while index and stack[index - 1].owner is entry:
-            index -= 1
-        self._close_from(index, now)
-
-    def _push(self, node, phase, now):
-        stack = self._stack
-        low = len(stack)
-        while low and stack[low - 1].phase == phase:
-            low -= 1
-        if phase == BACKWARD:
-            for index in range(low, len(stack)):
-                entry = stack[index]
-                if entry.node is node and entry.owner is not None:
-                    # A descendant's backward started first at the same autograd node; this node's own
-                    # start adopts the implicit entry (and the implicit ancestors below it).
-                    for below in stack[low:index]:
-                        if below.owner is entry.owner:
-                            below.owner = entry
-                    entry.owner = None
-                    return entry
-            # Backward runs subtree by subtree: whatever is not an ancestor of this node has finished.
-            for index in range(low, len(stack)):
-                if stack[index].node not in node.ancestor_set:
-                    self._close_from(index, now)
-                    break
-        task = _graph_task_id()
-        entry = _Entry(node, phase, None, task)
-        running = {other.node for other in stack[low:]}
-        for ancestor in node.ancestors:
-            if ancestor not in running:
-                self._open(_Entry(ancestor, phase, entry, task), now)
-        self._open(entry, now)
-        return entry
-
-    def _clear_stack(self):
-        for entry in self._stack:
-            entry.live = False
-        self._stack = []
-        self._top_phase, self._top_since = None, 0.0
-        self._phase_elapsed = [0.0, 0.0, 0.0]
-        for _, node in self._pairs:
-            node.active[:] = [0, 0, 0]
-            node.open_calls.clear()
-
-    # ------------------------------------------------------------------ forward / recompute calls
-    def _on_forward_pre(self, node, module, args, kwargs):
-        if self._counting:
-            self._enter(node, args, kwargs)
-
-    def _on_forward_post(self, node, module, args, output):
-        if not self._counting or not node.open_calls:
-            return
-        call = node.open_calls[-1]
-        self._exit(call, output)
-        if node.formula is not None and output is not None:
-            self._count_module_formula(node, call, module, args, output)
-
-    def _enter(self, node, args, kwargs):
-        call = _Call(node)
-        tensors = _tensors((args, kwargs), [])
-        if torch.is_grad_enabled():
-            on_input_grad = functools.partial(self._on_input_grad, call)
-            for tensor in tensors:
-                if tensor.requires_grad:
-                    call.inputs += 1
-                    self._graph_hooks.append(tensor.register_hook(on_input_grad))
-        phase = module_call_phase()
-        call.entry = self._push(node, phase, self._now())
-        node.calls[phase] += 1
-        # What adopt_counts compares between two iterations, beside the calls: a change of shape (a growing
-        # sequence length) changes the FLOPs with the same calls.
-        node.input_shapes[phase] = hash((node.input_shapes[phase], tuple(map(_shape_key, tensors))))
-        node.open_calls.append(call)
-        return call
-
-    def _exit(self, call, output):
-        node = call.node
-        if call not in node.open_calls:  # profiling stopped or restarted during the call
-            return
-        node.open_calls.remove(call)
-        self._pop(call.entry, self._now())
-        if output is None or not torch.is_grad_enabled():
-            return
-        on_outputs_grad = functools.partial(self._on_outputs_grad, call)
-        for grad_fn in _output_nodes(output):
-            self._graph_hooks.append(grad_fn.register_prehook(on_outputs_grad))
-
-    def _count_module_formula(self, node, call, module, args, output):
-        formula = node.formula
-        counter = node.flops if formula.kind == MATRIX else node.other_flops
-        forward = formula.forward(module, args, output)
-        counter[call.entry.phase] += forward
-        if torch.is_grad_enabled():
-            call.pending_bwd = (counter, formula.backward(module, args, output, forward))
-
-    # ------------------------------------------------------------------ backward calls
-    def _on_outputs_grad(self, call, grad_outputs):
-        if not self._counting:
-            return
-        task = _graph_task_id()
-        if call.bwd_done_task == task or (call.bwd_entry is not None and call.bwd_entry.live):
-            return  # an identity module (its inputs' gradients came first), or already running
-        call.bwd_entry = self._push(call.node, BACKWARD, self._now())
-        if call.bwd_task != task:
-            call.bwd_task = task
-            call.node.calls[BACKWARD] += 1
-            if call.pending_bwd is not None:
-                counter, flops = call.pending_bwd
-                counter[BACKWARD] += flops
-        if task not in self._watched_tasks:
-            self._watched_tasks.add(task)
-            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._on_task_end, task))
-
-    def _on_input_grad(self, call, grad):
-        if not self._counting:
-            return
-        task = _graph_task_id()
-        seen_task, count = call.input_grads
-        count = count + 1 if seen_task == task else 1
-        call.input_grads = (task, count)
-        if count < call.inputs:
-            return
-        call.bwd_done_task = task
-        if call.bwd_entry is not None and call.bwd_entry.live:
-            self._pop(call.bwd_entry, self._now())
-
-    def _on_task_end(self, task):
-        """End of a graph task (a backward call, or a reentrant checkpoint's inner backward)."""
-        self._watched_tasks.discard(task)
-        if not self._counting:
-            return
-        for index, entry in enumerate(self._stack):
-            if entry.task == task:
-                self._close_from(index, self._now())
-                break
+        return self._hooks.scoped_call(node, module, fn)
