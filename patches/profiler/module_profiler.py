@@ -27,7 +27,6 @@ How it measures, one part per file (each file's docstring says how):
   (backward_outside_autograd, around the instruction).
 """
 import contextlib
-import weakref
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
@@ -39,18 +38,7 @@ from patches.profiler.phase_stack import PhaseStack
 from patches.profiler.phases import BACKWARD, PHASE_PREFIXES
 
 # UncountedOp and ModuleEvent live with the parts that make them; readers of the profiler import them here.
-__all__ = ("ModuleEvent", "ModuleProfiler", "UncountedOp", "defer_backward_work")
-
-# The ModuleProfilers measuring now (started, not stopped): where deferred backward work is handed over.
-_MEASURING = weakref.WeakSet()
-
-
-def defer_backward_work(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn as each measuring profiler's deferred_backward has it: for a schedule's store of deferred
-    weight-gradient work (patches.megatron_upstream wraps upstream's WeightGradStore.put with it)."""
-    for profiler in list(_MEASURING):
-        fn = profiler.deferred_backward(fn)
-    return fn
+__all__ = ("ModuleEvent", "ModuleProfiler", "UncountedOp")
 
 
 class ModuleProfiler:
@@ -77,14 +65,12 @@ class ModuleProfiler:
         if self._mode is not None:
             self._mode.__enter__()
         self._hooks.start()
-        _MEASURING.add(self)
 
     def stop(self) -> None:
         """Stop counting; counts stay readable. Hooks stay installed but do nothing until start()."""
         if not self._hooks.measuring:
             return
         self._hooks.stop()
-        _MEASURING.discard(self)
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
         self._stack.clear()
