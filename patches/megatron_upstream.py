@@ -5,6 +5,8 @@ Upstream is recognized by what it has, not by its name; each part names what it 
 - `megatron.training.train_step(forward_step_func, data_iterator, model, optimizer, ...)`, called by `train()`
   after it sets `args.curr_iteration`: the iteration asked for runs under the profiler on every rank;
 - `megatron.global_vars.get_args()` (and `get_tensorboard_writer()`, where it exists).
+Upstream's `pretrain` never ends its process groups: patches.clean_exit's teardown is registered to run at exit,
+so that a run that finished does not abort in gloo's threads while the interpreter finalizes.
 Nothing else of the user's Megatron is changed: an unprofiled iteration calls their own train_step.
 
 A Megatron that profiles through the patch set itself (our GPT fork says so with `PROFILES_WITH_PATCHES = True`
@@ -21,6 +23,7 @@ from argparse import Namespace
 from types import ModuleType
 from typing import Callable, List, Optional
 
+from patches import clean_exit
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
 from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags
@@ -49,6 +52,7 @@ def install(argv: List[str]) -> None:
     if _State.installed:  # the launcher and a one-line edit both asked: patch once
         return
     _State.installed = True
+    clean_exit.at_exit()  # before the script runs: after the handlers the run registers itself, it runs
     after_import("megatron", _note_self_profiling)
     after_import("megatron.arguments", _patch_parse_args)
     after_import("megatron.training", _patch_train_step)
