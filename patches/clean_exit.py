@@ -24,10 +24,10 @@ from typing import Callable
 import torch
 
 # DeepSpeed modules that keep process groups in globals (0.14 to 0.19), by module name: utils.groups (its
-# world, data, model and expert groups), activation checkpointing (the mpu it was configured with, and the
-# groups of that mpu), pipe.p2p (the grid, which holds the pipeline's groups).
+# world, data, model and expert groups; `mpu`, a pipeline's grid), activation checkpointing (`mp_group`),
+# pipe.p2p (`_grid`, the pipeline's grid; `_groups`), sequence parallelism's state (in 0.19.6, not in 0.16.9).
 DEEPSPEED_GROUP_HOLDERS = ("deepspeed.utils.groups", "deepspeed.runtime.activation_checkpointing.checkpointing",
-                           "deepspeed.runtime.pipe.p2p")
+                           "deepspeed.runtime.pipe.p2p", "deepspeed.runtime.sequence_parallel.parallel_state_sp")
 # The patch set's own holders: the profiler's report groups (cached per layout, made once).
 PATCHES_GROUP_HOLDERS = {"patches.profiler.gather": "forget_report_groups"}
 
