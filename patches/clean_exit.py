@@ -29,7 +29,7 @@ import torch
 DEEPSPEED_GROUP_HOLDERS = ("deepspeed.utils.groups", "deepspeed.runtime.activation_checkpointing.checkpointing",
                            "deepspeed.runtime.pipe.p2p", "deepspeed.runtime.sequence_parallel.parallel_state_sp")
 # The patch set's own holders: the profiler's report groups (cached per layout, made once).
-PATCHES_GROUP_HOLDERS = {"patches.profiler.gather": "forget_report_groups"}
+PATCHES_GROUP_HOLDERS = (("patches.profiler.gather", "forget_report_groups"),)
 
 
 def teardown_process_groups(*releases: Callable[[], None]) -> None:
@@ -46,7 +46,7 @@ def teardown_process_groups(*releases: Callable[[], None]) -> None:
 def release_group_references() -> None:
     """Forget the groups held outside torch's registry: the profiler's and DeepSpeed's module globals. A module
     never imported holds none (and importing DeepSpeed at exit would cost seconds)."""
-    for name, forget in PATCHES_GROUP_HOLDERS.items():
+    for name, forget in PATCHES_GROUP_HOLDERS:
         module = sys.modules.get(name)
         if module is not None:
             getattr(module, forget)()
