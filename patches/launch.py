@@ -7,7 +7,9 @@
 DeepSpeed's launcher with --module runs `python -u -m patches.launch --local_rank=N pretrain_gpt.py ...`; the
 script then sees `pretrain_gpt.py --local_rank=N ...`, as under a plain launch. The script runs as `__main__`
 with its own directory first on sys.path (its `megatron` is the user's), after the DeepSpeed patches
-(patches.apply) and the Megatron-DeepSpeed patches (patches.megatron_upstream) are in place.
+(patches.apply) and the Megatron-DeepSpeed patches (patches.megatron_upstream) are in place; those register
+patches.clean_exit's teardown, so that a run that finished ends its process groups before the interpreter
+finalizes (upstream's `pretrain` never does) instead of aborting at exit.
 """
 import os
 import runpy

@@ -5,6 +5,8 @@ Upstream is recognized by what it has, not by its name; each part names what it 
 - `megatron.training.train_step(forward_step_func, data_iterator, model, optimizer, ...)`, called by `train()`
   after it sets `args.curr_iteration`: the iteration asked for runs under the profiler on every rank;
 - `megatron.global_vars.get_args()` (and `get_tensorboard_writer()`, where it exists).
+Upstream's `pretrain` never ends its process groups: patches.clean_exit's teardown is registered to run at exit,
+so that a run that finished does not abort in gloo's threads while the interpreter finalizes.
 Nothing else of the user's Megatron is changed: an unprofiled iteration calls their own train_step.
 
 A Megatron that profiles through the patch set itself (our GPT fork says so with `PROFILES_WITH_PATCHES = True`
@@ -21,6 +23,7 @@ from argparse import Namespace
 from types import ModuleType
 from typing import Callable, List, Optional
 
+from patches import clean_exit
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
 from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags
@@ -38,6 +41,7 @@ def install(argv: List[str]) -> None:
     if REGISTRY.megatron_patched:  # the launcher and a one-line edit both asked: patch once
         return
     REGISTRY.megatron_patched = True
+    clean_exit.at_exit()  # before the script runs: after the handlers the run registers itself, it runs
     run = UpstreamRun(any(arg == PROFILE_STEP_FLAG or arg.startswith(PROFILE_STEP_FLAG + "=") for arg in argv))
     after_import("megatron.arguments", run.patch_parse_args)
     after_import("megatron.training", run.patch_train_step)

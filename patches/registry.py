@@ -4,7 +4,8 @@
 - what the Megatron flags set for every pipeline of the run (--pp-partition-from-profile, --no-load-optim);
 - how many engines and PipelineModules this process built: every rank builds them in the same order, so the
   n-th one's keys in the process group's store name the same object on every rank;
-- which PipelineEngine a PipelineModule belongs to, for FlopsProfiler(model[0].module).
+- which PipelineEngine a PipelineModule belongs to, for FlopsProfiler(model[0].module);
+- every engine's attachment, weakly, for the teardown at exit (clean_exit.py) to let go of its report groups.
 
 Everything the profiler keeps about one engine lives on that engine (profiler/attachment.py), not here.
 """
@@ -32,6 +33,7 @@ class Registry:
     pipeline_modules_built: int = 0
     # PipelineModule -> weak reference to its PipelineEngine (weak both ways: an engine holds its module)
     engine_of_module: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    attachments: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # profiler/attachment.EngineAttachment
 
 
 REGISTRY = Registry()

@@ -55,4 +55,5 @@ def attachment_of(engine: "DeepSpeedEngine") -> EngineAttachment:
         REGISTRY.engines_built += 1
         attachment = EngineAttachment(ordinal=REGISTRY.engines_built, runs_a_schedule=runs_a_schedule(engine))
         engine.__dict__[ATTRIBUTE] = attachment  # not nn.Module's __setattr__: it may run before Module.__init__
+        REGISTRY.attachments.add(attachment)
     return attachment

@@ -176,7 +176,9 @@ def gather_replica(payload: object, layout: EngineLayout, groups: ReportGroups) 
 
 def _gather_samples(sample: RankSample, group, world: int) -> Optional[List[RankSample]]:
     """Every rank's sample on rank 0 (a gather: the others receive nothing)."""
-    mine = torch.frombuffer(bytearray(sample.to_bytes()), dtype=torch.uint8)
+    # a tensor of its own memory, not a view of a Python buffer: gloo's worker thread may drop it after this
+    # returns, and dropping a buffer Python owns takes the GIL (fatal once the interpreter finalizes)
+    mine = torch.tensor(bytearray(sample.to_bytes()), dtype=torch.uint8)
     buffers = [torch.empty(SAMPLE_BYTES, dtype=torch.uint8) for _ in range(world)] if dist.get_rank() == 0 else None
     dist.gather(mine, buffers, dst=0, group=group)
     if buffers is None:

@@ -11,7 +11,6 @@ MODE "zero_bubble": a schedule in TrainSchedule's place splits every BackwardPas
 Batch 2 is profiled (its FLOPs counted in batch 1); torch's FlopCounterMode counts batch 3 on every rank.
 Global rank 0 writes OUT_DIR/MODE.json: the report engine.flops_profiler holds, torch's total, the losses.
 """
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -105,22 +104,13 @@ def use_zero_bubble_schedule():
     ds_schedule.TrainSchedule = DeferredWeightGradSchedule
 
 
-def clean_exit():
-    """The fork's exit without abort races (megatron/clean_exit.py), loaded by path: `megatron` here is the tree's."""
-    path = Path(__file__).resolve().parents[2] / "megatron" / "clean_exit.py"
-    spec = importlib.util.spec_from_file_location("fork_clean_exit", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.at_exit()
-
-
 def main():
     mode, out_dir, config_path = sys.argv[-3:]
     with open(config_path) as f:
         config = json.load(f)
-    patches.apply_to_this_run([])  # the DeepSpeed patches, and upstream's WeightGradStore handed to the profiler
+    # the DeepSpeed patches, upstream's WeightGradStore handed to the profiler, patches.clean_exit's teardown at exit
+    patches.apply_to_this_run([])
     deepspeed.init_distributed(dist_backend="gloo")
-    clean_exit()
     torch.manual_seed(0)
     if mode == "zero_bubble":
         use_zero_bubble_schedule()
