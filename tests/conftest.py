@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import launch, torch_extensions
-from tests.helpers.flags import PP2_TP2_CKPT
+from tests.helpers.flags import PP2_TP2_CKPT, UPSTREAM_WORKERS
 
 _extension_copies = []  # the parent of this session's per-test torch extensions directories, removed at its end
 _environment = pytest.MonkeyPatch()  # the variable a launching test gets, undone after it
@@ -43,9 +43,11 @@ def pp2_tp2_run_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def pp2_tp2_plain_run(pp2_tp2_run_dir):
     """(process, {iteration: loss}) of 20 unprofiled pp2 x tp2 iterations with activation checkpointing:
-    shared by the fork's training test and the profiler's bitwise-identical-losses test."""
+    shared by the fork's training test and the profiler's bitwise-identical-losses test. It reads its data
+    with upstream's default 2 DataLoader workers; the runs compared with it read in-line (flags.TINY_GPT)."""
     # Saving reads the generators and changes nothing; the upstream-format resume test loads iteration 10.
     saving = ["--save", pp2_tp2_run_dir / "ckpt", "--save-interval", "10"]
-    process, losses = launch.run_pretrain(pp2_tp2_run_dir, 4, PP2_TP2_CKPT + saving, name="plain")
+    process, losses = launch.run_pretrain(pp2_tp2_run_dir, 4, PP2_TP2_CKPT + saving + UPSTREAM_WORKERS,
+                                          name="plain")
     assert process.returncode == 0, launch.explain(process)
     return process, losses

@@ -1,5 +1,6 @@
 """tools/compare_profiles.py on real reports: a report against itself, against another configuration of
-the same model (pp=2 x tp=1 without checkpointing), and against a report of another model."""
+the same model (pp=2 x tp=1 without checkpointing, under ZeRO stage 1: the run test_partition_fork.py resumes),
+and against a report of another model."""
 import json
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def compare(*args):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return profiled_run(tmp_path_factory, "pp2_tp2_checkpointed"), profiled_run(tmp_path_factory, "pp2_tp1")
+    return profiled_run(tmp_path_factory, "pp2_tp2_checkpointed"), profiled_run(tmp_path_factory, "pp2_tp1_zero1")
 
 
 def _is_sorted_by_change(rows):

@@ -6,7 +6,8 @@ takes liveness.GRACE_S (2.5 s), the launchers poll their ranks every second and 
 3.5 s more for the others to read the store. Measured: about 6 s on a loaded 2-core machine. The
 process-group timeout (DIST_TIMEOUT_S here), which bounds a hung rank, plays no part. Checkpoints are
 published atomically: a save cut short leaves `latest` on the previous
-complete checkpoint, which a resumed run loads and profiles.
+complete checkpoint, which a resumed run loads and profiles. The runs that fail read their data with
+upstream's default 2 DataLoader worker processes, alive when their rank dies.
 """
 import json
 import re
@@ -17,7 +18,7 @@ import psutil
 import pytest
 
 from tests.helpers.arguments import one_line_exit_2
-from tests.helpers.flags import PP2, TINY_GPT, layout
+from tests.helpers.flags import PP2, TINY_GPT, UPSTREAM_WORKERS, layout
 from tests.helpers.launch import REPO, bare_env, explain, launch, read_losses
 from tests.helpers.multinode import explain_nodes, run_nodes
 from tests.helpers.tiny_gpt import check_totals
@@ -61,8 +62,8 @@ def test_rank_killed_in_the_profiled_iteration_ends_both_nodes(tmp_path):
     """pp 2 x dp 2 over two launchers; rank 3 (node 1) is SIGKILLed in its second backward pass of
     the profiled iteration 2. Ranks 0, 1 (node 0) see their connections break; the node-1 launcher
     terminates rank 2. Every rank says rank 3 failed, and both launchers end within FAILURE_BOUND_S."""
-    flags = TINY_GPT + PP2 + ["--train-iters", "3", "--profile-flops-step", "2", "--profile-flops-output",
-                              tmp_path / "profile"]
+    flags = TINY_GPT + UPSTREAM_WORKERS + PP2 + ["--train-iters", "3", "--profile-flops-step", "2",
+                                                 "--profile-flops-output", tmp_path / "profile"]
     nodes = run_nodes(FAULT_SCRIPT, flags, cwd=tmp_path, env=fault_env(3, 2, "backward"), timeout=240)
     details = explain_nodes(nodes)
     assert all(node.process.returncode != 0 for node in nodes), details
@@ -83,7 +84,8 @@ def test_rank_killed_in_the_profiled_iteration_ends_both_nodes(tmp_path):
 @pytest.mark.launch
 def test_killed_rank_0_is_named_though_the_store_died_with_it(tmp_path):
     """Rank 0 hosts the rendezvous store: when it is killed, the others name it from the store's silence."""
-    flags = TINY_GPT + layout(pp=2) + ["--global-batch-size", "4", "--train-iters", "2", "--profile-flops-step", "2"]
+    flags = TINY_GPT + UPSTREAM_WORKERS + layout(pp=2) + ["--global-batch-size", "4", "--train-iters", "2",
+                                                         "--profile-flops-step", "2"]
     process = launch(FAULT_SCRIPT, 2, flags, cwd=tmp_path, timeout=240, env=fault_env(0, 2, "backward"))
     output = process.stdout + process.stderr
     assert process.returncode != 0, explain(process)
@@ -95,7 +97,8 @@ def test_killed_rank_0_is_named_though_the_store_died_with_it(tmp_path):
 def test_an_error_on_one_rank_is_named_with_its_traceback_once(tmp_path):
     """A bug, not a kill: rank 1 raises in the profiled iteration. It prints its traceback and says it
     failed; rank 0, whose connection then breaks, names rank 1 and its error instead of a traceback."""
-    flags = TINY_GPT + layout(pp=2) + ["--global-batch-size", "4", "--train-iters", "2", "--profile-flops-step", "2"]
+    flags = TINY_GPT + UPSTREAM_WORKERS + layout(pp=2) + ["--global-batch-size", "4", "--train-iters", "2",
+                                                         "--profile-flops-step", "2"]
     process = launch(FAULT_SCRIPT, 2, flags, cwd=tmp_path, timeout=240, env=fault_env(1, 2, "raise"))
     output = process.stdout + process.stderr
     assert process.returncode == 1, explain(process)
@@ -117,8 +120,8 @@ def test_kill_while_saving_keeps_the_last_complete_checkpoint_and_the_resumed_ru
     common = TINY_GPT + PP2 + ["--train-iters", "4", "--save", checkpoints, "--save-interval", "2"]
     # Rank 1 (the last stage) dies right after writing its first file of the iteration-4 checkpoint;
     # rank 0 has all of its own files written by then.
-    killed = launch(FAULT_SCRIPT, 2, common + ["--loss-record-file", tmp_path / "killed.jsonl"], cwd=tmp_path,
-                    timeout=240, env=fault_env(1, 4, "save"))
+    killed = launch(FAULT_SCRIPT, 2, common + UPSTREAM_WORKERS + ["--loss-record-file", tmp_path / "killed.jsonl"],
+                    cwd=tmp_path, timeout=240, env=fault_env(1, 4, "save"))
     assert killed.returncode != 0, explain(killed)
     assert "FAULT: killing rank 1" in killed.stdout
     assert (checkpoints / "latest").read_text() == "global_step2"

@@ -1,7 +1,8 @@
 """--pp-partition-from-profile in our pretrain_gpt.py: the layers cut where a profile report says, and a checkpoint
 of the old partition resumed under the new one (the tiny GPT at pp 2 over gloo, Adam under ZeRO stage 1).
 
-The report is a real run's (cut by DeepSpeed's 'parameters', profiled at iteration 2, saved at 2). One layer's
+The report is a real run's (cut by DeepSpeed's 'parameters', profiled at iteration 2, saved at 2: the session's
+shared run profiled_runs "pp2_tp1_zero1", which test_compare_profiles.py compares too). One layer's
 measured times are then scaled up 1000 times in a copy, so that the plan is known whatever this machine's
 timings were: that layer on a stage with as few others as can be. Resumed under it, the checkpoint's optimizer
 state is refused in one line; with --no-load-optim, the weights move: iteration 3's loss, computed from them
@@ -13,6 +14,7 @@ import pytest
 from patches.errors import EXIT_BAD_INPUT
 from tests.helpers.flags import PP2
 from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.profiled_runs import PROFILE_STEP, profiled_run
 
 SPECS = ["EmbeddingPipe"] + ["ParallelTransformerLayerPipe"] * 4 + ["LayerNorm", "EmbeddingPipe"]
 # DeepSpeed's 'parameters': the tied embedding (192 x 32 + 16 x 32 positions) counted on both ends, 12,704 a
@@ -33,14 +35,11 @@ def heavier(report, index, path):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("partition_fork")
-    flags = PP2 + ZERO1 + ["--train-iters", "4", "--save", tmp / "ckpt", "--save-interval", "2",
-                           "--pp-partition-method", "parameters", "--profile-flops-step", "2",
-                           "--profile-flops-output", tmp]
-    process, losses = run_pretrain(tmp, 2, flags, name="saved")
-    assert process.returncode == 0, explain(process)
-    report = json.loads((tmp / "flops_profile_step2.json").read_text())
-    return tmp, report, losses
+    """(directory, report, losses) of 4 iterations at pp 2 under ZeRO 1, cut by 'parameters', profiled at 2 and
+    saved at 2 and 4 in ckpt/."""
+    run = profiled_run(tmp_path_factory, "pp2_tp1_zero1")
+    assert PROFILE_STEP == 2
+    return run.directory, run.report, run.losses
 
 
 @pytest.mark.launch

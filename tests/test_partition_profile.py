@@ -6,7 +6,8 @@ One run measures the model cut 'uniform' ([0, 4, 7]: the heavy layer shares stag
 checkpoint; the report's plan moves those three to stage 0; a PipelineModule built with 'profile:REPORT' (or
 'profile' and $DS_PIPE_PARTITION_PROFILE) takes exactly those parts; a model of another layer list is refused in
 one line. A checkpoint saved under [0, 4, 7] resumes under the plan: the weights exactly, the optimizer state
-refused in one line unless left out (then the first loss equals the old partition's own resume, bitwise)."""
+refused in one line unless left out (then the first loss equals the old partition's own resume, bitwise).
+The runs that end well after the measuring one share one launch ("profile", then both resumes that load)."""
 import json
 import os
 
@@ -40,6 +41,11 @@ def result(out, mode):
     return json.loads((out / f"{mode}.json").read_text())
 
 
+def section(output, mode):
+    """What the script printed while it ran `mode` (global rank 0 marks where each mode starts)."""
+    return output.split(f"== mode {mode}\n", 1)[1].split("== mode ", 1)[0]
+
+
 @pytest.fixture(scope="module")
 def measured(out):
     process = run(out, "measure")
@@ -62,14 +68,22 @@ def test_the_report_plans_the_heavy_layer_a_stage_of_its_own(measured, out):
     assert plan["predicted_iter_s"] < plan["measured_iter_s"]
 
 
-@pytest.mark.launch
-def test_partition_method_profile_takes_the_reports_plan(measured, out):
-    process = run(out, "profile", env={"DS_PIPE_PARTITION_PROFILE": str(out / "report.json")})
+@pytest.fixture(scope="module")
+def planned_and_resumed(measured, out):
+    """One launch: "profile" (with $DS_PIPE_PARTITION_PROFILE set), "resume_uniform", "resume_profile_no_optim"."""
+    process = run(out, "profile+resume_uniform+resume_profile_no_optim",
+                  env={"DS_PIPE_PARTITION_PROFILE": str(out / "report.json")}, via_patches_launch=True)
     assert process.returncode == 0, explain(process)
+    return process
+
+
+@pytest.mark.launch
+def test_partition_method_profile_takes_the_reports_plan(measured, planned_and_resumed, out):
     planned = measured["partition_plan"]["parts"]
     assert result(out, "profile") == {"file": planned, "environment": planned}
     line = f"> partition_method 'profile' ({out / 'report.json'}): parts {planned}"
-    assert process.stdout.count(line) == 2  # one a PipelineModule, on global rank 0 only
+    # one a PipelineModule, on global rank 0 only
+    assert section(planned_and_resumed.stdout, "profile").count(line) == 2
 
 
 @pytest.mark.launch
@@ -93,13 +107,10 @@ def test_a_report_missing_on_one_rank_stops_every_rank_in_one_line(measured, out
 
 
 @pytest.fixture(scope="module")
-def resumed(measured, out):
-    runs = {}
-    for mode in ("resume_uniform", "resume_profile", "resume_profile_no_optim"):
-        process = run(out, mode, via_patches_launch=True)
-        runs[mode] = process
-        assert process.returncode == (EXIT_BAD_INPUT if mode == "resume_profile" else 0), explain(process)
-    return runs
+def resume_refused(measured, out):
+    process = run(out, "resume_profile", via_patches_launch=True)
+    assert process.returncode == EXIT_BAD_INPUT, explain(process)
+    return process
 
 
 def loaded_params(out, mode):
@@ -110,7 +121,7 @@ def loaded_params(out, mode):
 
 
 @pytest.mark.launch
-def test_a_checkpoint_resumes_under_another_partition_without_its_optimizer_state(resumed, out):
+def test_a_checkpoint_resumes_under_another_partition_without_its_optimizer_state(planned_and_resumed, out):
     planned = result(out, "resume_profile_no_optim")["parts"]
     assert planned == [0, 6, 7] and result(out, "resume_uniform")["parts"] == UNIFORM
     # the weights move with their layers: every parameter as the old partition's own resume loads it
@@ -122,12 +133,13 @@ def test_a_checkpoint_resumes_under_another_partition_without_its_optimizer_stat
     assert same == result(out, "measure")["losses"][2:]  # the old partition's resume is the uninterrupted run
     line = (f"> checkpoint global_step2: saved with pipeline parts {UNIFORM}, loaded with parts {planned}: its "
             "weights move with their layers; its optimizer state, saved per stage, is not loaded and starts afresh")
-    assert resumed["resume_profile_no_optim"].stdout.count(line) == 1
+    assert section(planned_and_resumed.stdout, "resume_profile_no_optim").count(line) == 1
+    assert line not in section(planned_and_resumed.stdout, "resume_uniform")
 
 
 @pytest.mark.launch
-def test_the_optimizer_state_of_other_parts_is_refused_in_one_line(resumed, out):
-    process = resumed["resume_profile"]
+def test_the_optimizer_state_of_other_parts_is_refused_in_one_line(resume_refused, out):
+    process = resume_refused
     errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: checkpoint global_step2 in {out / 'checkpoint'} was saved with pipeline parts {UNIFORM}, this run "

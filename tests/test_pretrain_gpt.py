@@ -1,6 +1,5 @@
 """The fork end to end: pretrain_gpt.py under the deepspeed launcher, several CPU processes over gloo."""
 import re
-import shutil
 
 import pytest
 import torch
@@ -62,20 +61,6 @@ def test_pp2_tp2_trains_and_loss_goes_down(pp2_tp2_plain_run):
         assert field in log, field
 
 
-def test_resume_matches_uninterrupted_run(tmp_path, pp2_tp1_straight):
-    checkpoints, straight_losses = pp2_tp1_straight
-    # Keep only the iteration-5 checkpoint, as if the run had stopped there.
-    resume_dir = tmp_path / "resume_ckpt"
-    shutil.copytree(checkpoints / "global_step5", resume_dir / "global_step5")
-    (resume_dir / "latest").write_text("global_step5")
-    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", resume_dir]
-    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="resumed")
-    assert resumed.returncode == 0, explain(resumed)
-    assert sorted(resumed_losses) == list(range(6, 11))
-    for iteration in range(6, 11):
-        assert resumed_losses[iteration] == straight_losses[iteration], iteration
-
-
 def test_checkpoint_has_upstream_layout_and_client_state(pp2_tp1_straight):
     checkpoints, _ = pp2_tp1_straight
     assert (checkpoints / "latest").read_text() == "global_step10"
@@ -123,28 +108,39 @@ def test_upstream_written_checkpoint_resumes_with_no_flag(tmp_path, pp2_tp1_stra
     assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
 
 
-def test_upstream_written_tp2_pp2_checkpoint_resumes_with_no_flag(tmp_path, pp2_tp2_plain_run, pp2_tp2_run_dir):
-    """The same on tp 2 x pp 2 (four mp_rank files, each its own RNG tracker state), from iteration 10."""
-    process, plain_losses = pp2_tp2_plain_run
-    write_upstream_checkpoint(pp2_tp2_run_dir / "ckpt", tmp_path / "upstream_ckpt", 10)
-    flags = PP2_TP2_CKPT + ["--load", tmp_path / "upstream_ckpt"]
-    resumed, resumed_losses = run_pretrain(tmp_path, 4, flags, name="from_upstream")
-    assert resumed.returncode == 0, explain(resumed)
+@pytest.fixture(scope="module")
+def tp2_pp2_resumed_partitioned(tmp_path_factory, pp2_tp2_run_dir, pp2_tp2_plain_run):
+    """Iterations 11-20 of the pp2 x tp2 run, resumed from its iteration-10 checkpoint rewritten in upstream's
+    format, with --partition-activations (one launch for the two tests below)."""
+    tmp = tmp_path_factory.mktemp("tp2_pp2_resumed")
+    write_upstream_checkpoint(pp2_tp2_run_dir / "ckpt", tmp / "upstream_ckpt", 10)
+    flags = PP2_TP2_CKPT + ["--load", tmp / "upstream_ckpt", "--partition-activations"]
+    process, losses = run_pretrain(tmp, 4, flags, name="from_upstream")
+    assert process.returncode == 0, explain(process)
+    return process, losses
+
+
+def test_upstream_written_tp2_pp2_checkpoint_resumes_with_no_flag(tp2_pp2_resumed_partitioned, pp2_tp2_plain_run):
+    """The same on tp 2 x pp 2 (four mp_rank files, each its own RNG tracker state), from iteration 10 (the run
+    also partitions its activations, which changes no bit: the test below)."""
+    _, plain_losses = pp2_tp2_plain_run
+    _, resumed_losses = tp2_pp2_resumed_partitioned
     assert resumed_losses == {i: plain_losses[i] for i in range(11, 21)}
 
 
-def test_partitioned_activations_reach_deepspeed_and_change_nothing(tmp_path, pp2_tp2_plain_run):
-    """--partition-activations at tp 2: DeepSpeed splits each checkpointed layer input over the tensor ranks
-    and gathers it back to recompute: the losses are bitwise the plain run's."""
+def test_partitioned_activations_reach_deepspeed_and_change_nothing(tp2_pp2_resumed_partitioned, pp2_tp2_plain_run):
+    """--partition-activations at tp 2 (the run resumed above): DeepSpeed splits each checkpointed layer input
+    over the tensor ranks and gathers it back to recompute: the losses are bitwise the plain run's, which did
+    not partition them."""
     _, plain_losses = pp2_tp2_plain_run
-    flags = PP2_TP2_CKPT + ["--train-iters", "3", "--partition-activations"]  # the last --train-iters counts
-    process, losses = run_pretrain(tmp_path, 4, flags, name="partitioned")
-    assert process.returncode == 0, explain(process)
-    assert losses == {i: plain_losses[i] for i in (1, 2, 3)}
+    _, losses = tp2_pp2_resumed_partitioned
+    assert losses == {i: plain_losses[i] for i in range(11, 21)}
 
 
 def test_load_tag_resumes_the_named_checkpoint(tmp_path, pp2_tp1_straight):
-    """`latest` names global_step10; --load-tag global_step5 resumes there, bitwise the uninterrupted run."""
+    """`latest` names global_step10; --load-tag global_step5 resumes there, bitwise the uninterrupted run.
+    (A resume through `latest` is bitwise too: from this fork's checkpoint in test_faults.py's kill-while-saving
+    test, from upstream's format in the two upstream-written tests above.)"""
     checkpoints, straight_losses = pp2_tp1_straight
     flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", checkpoints, "--load-tag", "global_step5"]
     resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="tagged")
@@ -152,22 +148,30 @@ def test_load_tag_resumes_the_named_checkpoint(tmp_path, pp2_tp1_straight):
     assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
 
 
-def test_finetune_loads_the_weights_and_starts_at_iteration_1(tmp_path, pp2_tp1_straight):
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, pp2_tp1_straight):
+    """2 pp2 x tp1 iterations fine-tuned from iteration 10 (--finetune), logging --log-num-zeros-in-grad."""
+    checkpoints, _ = pp2_tp1_straight
+    tmp = tmp_path_factory.mktemp("finetune")
+    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--load", checkpoints, "--finetune", "--log-num-zeros-in-grad"]
+    process, losses = run_pretrain(tmp, 2, flags, name="finetune")
+    assert process.returncode == 0, explain(process)
+    return process, losses
+
+
+def test_finetune_loads_the_weights_and_starts_at_iteration_1(finetuned, pp2_tp1_straight):
     """--finetune: the weights of iteration 10, a fresh optimizer and schedule, counted from iteration 0
     (so the first batch is the uninterrupted run's first, now seen by trained weights)."""
-    checkpoints, straight_losses = pp2_tp1_straight
-    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--load", checkpoints, "--finetune"]
-    process, losses = run_pretrain(tmp_path, 2, flags, name="finetune")
-    assert process.returncode == 0, explain(process)
+    _, straight_losses = pp2_tp1_straight
+    process, losses = finetuned
     assert "for fine-tuning, starting at iteration 0" in process.stdout
     assert sorted(losses) == [1, 2] and losses[1] < straight_losses[1] - 0.1, (losses, straight_losses)
 
 
-def test_num_zeros_in_grad_is_logged(tmp_path):
-    """--log-num-zeros-in-grad: upstream's `num zeros` field after `grad norm`, a whole count of elements."""
-    flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--log-num-zeros-in-grad"]
-    process, _ = run_pretrain(tmp_path, 2, flags, name="zeros")
-    assert process.returncode == 0, explain(process)
+def test_num_zeros_in_grad_is_logged(finetuned):
+    """--log-num-zeros-in-grad (the fine-tuning run's): upstream's `num zeros` field after `grad norm`, a whole
+    count of elements."""
+    process, _ = finetuned
     counts = re.findall(r"\| grad norm: [0-9.]+ \| num zeros: ([0-9.]+) \|", process.stdout)
     assert len(counts) == 2 and all(float(count).is_integer() for count in counts), explain(process)
 

@@ -159,6 +159,14 @@ def test_unsupported_flag_exits_2_with_one_line(extra, words, gpt_125m, monkeypa
     assert line.startswith(f"error: {extra[0]}") and "is not supported here" in line and words in line, line
 
 
+def test_the_125m_script_with_num_experts_4_stops_with_this_one_line(gpt_125m, monkeypatch, capsys):
+    """The whole line. Under the launcher, a flag refused here stops every rank with this one line and exit 2, no
+    traceback (test_arguments.py::test_every_launched_rank_exits_2_without_hanging, the same refusal path)."""
+    line = one_line_exit_2(gpt_125m + ["--num-experts", "4"], WORLD, monkeypatch, capsys)
+    assert line == ("error: --num-experts 4: mixture of experts (MoE) is not supported here (only --num-experts 1 "
+                    "is accepted)")
+
+
 @pytest.mark.parametrize("extra", UNSUPPORTED_AT_OFF_VALUE, ids=[extra[0] for extra in UNSUPPORTED_AT_OFF_VALUE])
 def test_unsupported_feature_at_its_off_value_is_accepted(extra, gpt_125m):
     parses(gpt_125m + extra)

@@ -1,8 +1,10 @@
 """Megatron-DeepSpeed's GPT-125M rebase script (sizes shrunk) run here at pipeline 2 x tensor 2, 4 CPU
 processes, once under the `deepspeed` launcher and once under `torchrun`: it trains until its
 --train-tokens are consumed (3 iterations), profiles iteration 2, prints one report whose forward
-FLOPs equal the analytic formula, and prints upstream's log line. An unsupported upstream flag stops
-all 4 ranks with one line.
+FLOPs equal the analytic formula, and prints upstream's log line. The LLaMA-2 script runs under `torchrun`,
+its own launcher (the `deepspeed` launcher's path is the GPT-125M run's). An unsupported upstream flag's
+one line is checked in process (test_upstream_flags.py); that such a line stops every launched rank, by
+test_arguments.py's launched test.
 
 The script's fp16 needs a float16-capable accelerator; on a CPU without one, the run uses bf16 (its
 --fp16 becomes --bf16 and the config's fp16 section a bf16 one), which the FLOPs do not depend on.
@@ -168,17 +170,6 @@ def test_tensorboard_gets_upstream_scalars(run):
     assert [e.value for e in events.Scalars("batch-size/batch-size")] == [8.0, 8.0, 8.0]
 
 
-def test_unsupported_flag_stops_every_rank_with_one_line(tmp_path, corpus):
-    argv = script_args(tmp_path, corpus) + ["--num-experts", "4"]
-    process = launch(REPO / "pretrain_gpt.py", NPROCS, argv, cwd=tmp_path, timeout=120)
-    output = process.stdout + process.stderr
-    assert process.returncode == 2, explain(process)
-    errors = [line for line in output.splitlines() if "error:" in line]
-    assert errors == ["error: --num-experts 4: mixture of experts (MoE) is not supported here (only --num-experts 1 "
-                      "is accepted)"], errors
-    assert "Traceback" not in output and "unrecognized arguments" not in output
-
-
 @pytest.fixture(scope="module")
 def sentencepiece_corpus(tmp_path_factory):
     """(dataset prefix, SentencePiece model) of the demo corpus, as the LLaMA script's data and tokenizer."""
@@ -190,8 +181,8 @@ def sentencepiece_corpus(tmp_path_factory):
     return str(directory / SENTENCEPIECE_PREFIX), model_file
 
 
-@pytest.mark.parametrize("launcher", ["deepspeed", "torchrun"])
-def test_llama2_script_trains_and_profiles_exactly(launcher, tmp_path, sentencepiece_corpus):
+def test_llama2_script_trains_and_profiles_exactly(tmp_path, sentencepiece_corpus):
+    """The script's torchrun command line (pretrain_llama2_distributed.sh), backend gloo."""
     data_path, model_file = sentencepiece_corpus
     config = llama2_ds_config(tmp_path / "ds_config.json")
     argv = llama2_args(data_path, model_file, tmp_path / "checkpoint", config, backend="gloo")
@@ -199,10 +190,7 @@ def test_llama2_script_trains_and_profiles_exactly(launcher, tmp_path, sentencep
     nprocs = LLAMA2["TP"] * LLAMA2["PP"]
     args = parse_args(argv, world_size=nprocs)
     args.padded_vocab_size = vocab_size_with_padding(500, Namespace(**{**vars(args), "rank": 1}))
-    if launcher == "deepspeed":
-        process = launch(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400)
-    else:
-        process = torchrun(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400)
+    process = torchrun(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400)
     output = process.stdout + process.stderr
     assert process.returncode == 0, explain(process)
     assert output.count(HEADER) == 1 and "Traceback" not in output

@@ -1,6 +1,7 @@
 """The user's own profiling code, as DeepSpeed's documentation teaches it, on real PipelineEngines over gloo
 (tests/scripts/user_flops_profiler.py): FlopsProfiler(model[0]) prints the whole pipeline on one rank, and
-no subset of ranks driving the API can leave a collective half-entered."""
+no subset of ranks driving the API can leave a collective half-entered. The modes that print no report (the
+unprofiled reference and the three partial ones) share one launch, one engine after another."""
 import json
 import re
 
@@ -20,15 +21,21 @@ PIPELINE_CONFIG = {"train_batch_size": MICRO_BATCH * MICRO_BATCHES, "train_micro
                    "steps_per_print": 1000}
 
 
-def run(tmp_path, mode, config=PIPELINE_CONFIG):
-    """Launch the script in `mode` on 2 ranks; returns (process, [each rank's facts])."""
-    out = tmp_path / mode
-    out.mkdir()
+def run(out, modes, config=PIPELINE_CONFIG):
+    """Launch the script on 2 ranks, `modes` one after another in one launch; returns (process,
+    {mode: [each rank's facts]})."""
     config_path = out / "ds.json"
     config_path.write_text(json.dumps(config))
-    process = launch(SCRIPT, 2, [mode, out, config_path], cwd=tmp_path, timeout=240)
+    process = launch(SCRIPT, 2, ["+".join(modes), out, config_path], cwd=out, timeout=240)
     assert process.returncode == 0, explain(process)
-    return process, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return process, {mode: [json.loads((out / f"{mode}.rank{r}.json").read_text()) for r in range(2)]
+                     for mode in modes}
+
+
+@pytest.fixture(scope="module")
+def unprinted(tmp_path_factory):
+    """One launch: the unprofiled reference ("none") first, then "stage0", "unstarted" and "write_error"."""
+    return run(tmp_path_factory.mktemp("unprinted"), ["none", "stage0", "unstarted", "write_error"])
 
 
 def assert_nothing_left_behind(facts):
@@ -39,12 +46,14 @@ def assert_nothing_left_behind(facts):
 
 
 @pytest.mark.launch
-def test_flops_profiler_of_model_0_prints_the_whole_pipeline_on_one_rank(tmp_path):
-    """start_profile on every rank, print_model_profile and end_profile on the last stage's rank only."""
-    process, facts = run(tmp_path, "every")
+def test_flops_profiler_of_model_0_prints_the_whole_pipeline_on_one_rank(tmp_path, unprinted):
+    """start_profile on every rank, print_model_profile and end_profile on the last stage's rank only; the losses
+    are bitwise those of the unprofiled reference (the first engine of the shared launch)."""
+    process, by_mode = run(tmp_path, ["every"])
+    facts = by_mode["every"]
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1 and "Profile Summary at step 3:" in output
-    report = json.loads((tmp_path / "every" / "report.json").read_text())
+    report = json.loads((tmp_path / "report.json").read_text())
     linear_fwd = 2 * MICRO_BATCH * WIDTH * WIDTH  # one Linear, one micro-batch, 2 flops per MAC
     totals = report["totals"]
     assert totals["params"] == 2 * (WIDTH * WIDTH + WIDTH)  # both stages' Linear, not one stage's
@@ -64,14 +73,16 @@ def test_flops_profiler_of_model_0_prints_the_whole_pipeline_on_one_rank(tmp_pat
     assert printer["getters"] == [totals["fwd_flops"], totals["fwd_flops"] // 2, totals["params"]]
     assert re.search(r"^depth 1 \(all \d+ modules", output, re.M)  # print_model_aggregated_profile
     assert_nothing_left_behind(facts)
-    _, unprofiled = run(tmp_path, "none")
-    assert [f["losses"] for f in facts] == [f["losses"] for f in unprofiled]  # bitwise, every iteration
+    _, unprofiled = unprinted
+    assert [f["losses"] for f in facts] == [f["losses"] for f in unprofiled["none"]]  # bitwise, every iteration
 
 
 @pytest.mark.launch
-def test_a_stage_that_did_not_profile_is_named_within_seconds(tmp_path):
-    """start_profile and print on stage 0 only: one line names stage 1; nobody waits on it for long."""
-    process, facts = run(tmp_path, "stage0")
+def test_a_stage_that_did_not_profile_is_named_within_seconds(unprinted):
+    """start_profile and print on stage 0 only: one line names stage 1; nobody waits on it for long (and no
+    report is printed by any mode of the launch)."""
+    process, by_mode = unprinted
+    facts = by_mode["stage0"]
     output = process.stdout + process.stderr
     assert HEADER not in output
     assert ("flops profiler: no whole-pipeline profile of step 3: stage 1 (rank 1) did not profile that train_batch "
@@ -81,10 +92,10 @@ def test_a_stage_that_did_not_profile_is_named_within_seconds(tmp_path):
 
 
 @pytest.mark.launch
-def test_get_report_where_a_rank_never_started_names_it_on_every_rank(tmp_path):
+def test_get_report_where_a_rank_never_started_names_it_on_every_rank(unprinted):
     """PipelineFlopsProfiler (collective by contract) started on rank 0 only: its groups are made in
     get_report, where every rank is, so the rank that never started is named to both, no hang."""
-    _, facts = run(tmp_path, "unstarted")
+    facts = unprinted[1]["unstarted"]
     assert facts[0]["report_error"].startswith(  # rank 0 is told who failed; rank 1 raises its own error
         "the profile report was not built: rank 1 failed building its profile entry: RuntimeError: "
         "start_profile() never ran on this rank"), facts[0]
@@ -93,8 +104,8 @@ def test_get_report_where_a_rank_never_started_names_it_on_every_rank(tmp_path):
 
 
 @pytest.mark.launch
-def test_a_report_file_rank_0_cannot_write_fails_on_every_rank_and_training_goes_on(tmp_path):
-    _, facts = run(tmp_path, "write_error")
+def test_a_report_file_rank_0_cannot_write_fails_on_every_rank_and_training_goes_on(unprinted):
+    facts = unprinted[1]["write_error"]
     expected = "the profile report was not written to /proc/no_such_dir/report.json on rank 0: FileNotFoundError"
     assert all(f["write_error"].startswith(expected) for f in facts)
     assert all(len(f["losses"]) == 4 for f in facts)
@@ -106,7 +117,8 @@ def test_plain_engine_profiled_by_rank_0_alone_reports_locally(tmp_path):
     stock DeepSpeed allows: a report of rank 0's own model, no collective."""
     config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
               "flops_profiler": {"enabled": True, "profile_step": 100}}
-    process, facts = run(tmp_path, "plain", config)
+    process, by_mode = run(tmp_path, ["plain"], config)
+    facts = by_mode["plain"]
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1
     assert "global rank 0 of 2 only" in output

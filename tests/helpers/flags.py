@@ -1,13 +1,20 @@
 """Flag lists the tests share, so one run can serve several tests and no layout is spelled twice."""
 
 # A tiny GPT: big enough to have every kind of layer, small enough for a 2-core CI machine.
+# Data read in-line (--num-workers 0): a rank with DataLoader workers exits about 10 s late (the data iterator
+# sits in a reference cycle that megatron/clean_exit.py's gc.collect() finalizes; torch then waits out its 5 s
+# join timeout for each of the 2 workers), a tax on every launch. The batches are the same either way
+# (test_data_iterators.py); the runs that keep upstream's default of 2 workers say so (UPSTREAM_WORKERS).
 TINY_GPT = [
     "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "16", "--max-position-embeddings", "16",
     "--micro-batch-size", "2", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "2",
     "--hidden-dropout", "0", "--attention-dropout", "0", "--synthetic-vocab-size", "192",
     "--make-vocab-size-divisible-by", "8", "--log-interval", "1", "--eval-iters", "0", "--seed", "1234",
+    "--num-workers", "0",
 ]
+# Upstream's default DataLoader (2 worker processes per rank), after TINY_GPT: the last --num-workers counts.
+UPSTREAM_WORKERS = ["--num-workers", "2"]
 
 # The schedule the fork's training tests share: with --lr-decay-iters fixed, a 5- or 10-iteration run
 # sees the same learning rates as the first iterations of a 20-iteration one, so runs can serve several tests.

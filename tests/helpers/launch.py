@@ -43,9 +43,11 @@ def deepspeed_launcher():
 
 
 def bare_env(**variables):
-    """The whole environment of a process that must not inherit this one's: a plain PATH, PYTHONPATH at this
-    checkout, the test's torch extensions directory (conftest.py), and `variables`."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    """The whole environment of a process that must not inherit this one's: a plain PATH after this interpreter's
+    own bin directory, PYTHONPATH at this checkout, the test's torch extensions directory (conftest.py), and
+    `variables`. The bin directory holds the environment's ninja, which built the test's copy of DeepSpeed's ops:
+    another ninja (a system one) cannot read its build log and rebuilds them (a minute or two on 2 cores)."""
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     if "TORCH_EXTENSIONS_DIR" in os.environ:
         env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
     return dict(env, **variables)

@@ -1,4 +1,4 @@
-"""Profiled pretrain_gpt.py runs shared by the trace, plot, comparison and TensorBoard tests.
+"""Profiled pretrain_gpt.py runs shared by the trace, plot, comparison, TensorBoard and partition tests.
 
 Each configuration is launched once per test session, by whichever test module asks first (a launch
 costs about 20 s on a 2-core machine); the others read its files.
@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.flags import layout
+from tests.helpers.flags import PP2, layout
 from tests.helpers.launch import explain, run_pretrain
 
 PROFILE_STEP = 2
@@ -16,8 +16,10 @@ CONFIGS = {
     # pp=2 x tp=2, 4 micro-batches, activation checkpointing
     "pp2_tp2_checkpointed": (4, layout(pp=2, tp=2) + ["--global-batch-size", "8", "--train-iters", "3",
                                                       "--checkpoint-activations", "--peak-tflops", str(PEAK_TFLOPS)]),
-    # the same model and batches, pp=2 x tp=1, no checkpointing
-    "pp2_tp1": (2, layout(pp=2, tp=1) + ["--global-batch-size", "8", "--train-iters", "2"]),
+    # the same model and batches, pp=2 x tp=1, no checkpointing, ZeRO stage 1, cut by DeepSpeed's 'parameters'
+    # method, 4 iterations saved at 2 and 4 in ckpt/ (test_partition_fork resumes it under other partitions)
+    "pp2_tp1_zero1": (2, PP2 + ["--zero-stage", "1", "--train-iters", "4", "--save", "{dir}/ckpt",
+                                "--save-interval", "2", "--pp-partition-method", "parameters"]),
 }
 _runs = {}
 
@@ -28,6 +30,8 @@ class ProfiledRun:
     report_path: Path
     trace_path: Path
     tensorboard_dir: Path
+    directory: Path  # the run's working directory ("{dir}" in CONFIGS)
+    losses: dict  # {iteration: loss}
 
     @property
     def report(self):
@@ -43,12 +47,13 @@ def profiled_run(tmp_path_factory, name):
     if name not in _runs:
         nprocs, flags = CONFIGS[name]
         tmp = tmp_path_factory.mktemp(name)
-        flags = flags + ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output", tmp / "profile",
-                         "--tensorboard-dir", tmp / "tensorboard"]
-        process, _ = run_pretrain(tmp, nprocs, flags, name=name)
+        flags = [flag.format(dir=tmp) for flag in flags]
+        flags += ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output", tmp / "profile",
+                  "--tensorboard-dir", tmp / "tensorboard"]
+        process, losses = run_pretrain(tmp, nprocs, flags, name=name)
         assert process.returncode == 0, explain(process)
         _runs[name] = ProfiledRun(output=process.stdout + process.stderr,
                                   report_path=tmp / "profile" / f"flops_profile_step{PROFILE_STEP}.json",
                                   trace_path=tmp / "profile" / f"pipeline_trace_step{PROFILE_STEP}.json",
-                                  tensorboard_dir=tmp / "tensorboard")
+                                  tensorboard_dir=tmp / "tensorboard", directory=tmp, losses=losses)
     return _runs[name]

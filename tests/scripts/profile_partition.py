@@ -2,7 +2,10 @@
 partition_method='profile' (patches/partition/method.py), trained with Adam, and resumed across partitions
 (patches/pipeline_checkpoint.py).
 
-    python profile_partition.py MODE OUT_DIR CONFIG
+    python profile_partition.py MODE[+MODE...] OUT_DIR CONFIG
+
+Several modes run one after another in this process (launches are the cost), each on a PipelineModule of its own;
+global rank 0 prints "== mode MODE" as each starts, so that each one's lines can be told apart.
 
 MODE "measure": partition 'uniform'; 4 batches, a checkpoint in OUT_DIR/checkpoint after the second, the third
     profiled by PipelineFlopsProfiler, its report written to OUT_DIR/report.json.
@@ -56,8 +59,15 @@ def batches(micro_batch_size, first):
 
 
 def main():
-    mode, out_dir = sys.argv[-3], Path(sys.argv[-2])
+    modes, out_dir = sys.argv[-3].split("+"), Path(sys.argv[-2])
     config = start_patched_gloo_run()
+    for mode in modes:
+        if torch.distributed.get_rank() == 0:
+            print(f"== mode {mode}", flush=True)
+        run(mode, out_dir, config)
+
+
+def run(mode, out_dir, config):
     report = f"profile:{out_dir / 'report.json'}"
     if mode == "profile":
         parts = {origin: [int(p) for p in PipelineModule(layers=layers(), num_stages=2, partition_method=method).parts]

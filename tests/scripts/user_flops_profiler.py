@@ -1,7 +1,10 @@
 """The user's own profiling code, unchanged, on a 2-stage PipelineModule with activation checkpointing:
 DeepSpeed's FlopsProfiler handed the PipelineEngine, printed on one rank.
 
-    python user_flops_profiler.py MODE OUT_DIR CONFIG
+    python user_flops_profiler.py MODE[+MODE...] OUT_DIR CONFIG
+
+Several modes run one after another in this process (launches are the cost), each on an engine of its own built
+from the same seed, so that each trains as it would alone.
 
 MODE "every": start_profile() on every rank before the profiled train_batch; print_model_profile and
               end_profile() on the last stage's rank only (the user's report).
@@ -13,7 +16,7 @@ MODE "write_error": PipelineFlopsProfiler on every rank, whose write_json rank 0
               error every rank must learn of), then training goes on.
 MODE "plain": a plain DeepSpeedEngine, the config's flops_profiler section on (for a later step); the
               user drives engine.flops_profiler on global rank 0 only, as stock DeepSpeed allows.
-Each rank writes OUT_DIR/rank<r>.json: its losses (float.hex) and what the profiler left on it afterwards.
+Each rank writes OUT_DIR/MODE.rank<r>.json: its losses (float.hex) and what the profiler left on it afterwards.
 """
 import json
 import sys
@@ -31,6 +34,7 @@ from patches.profiler import PipelineFlopsProfiler
 from tests.helpers.deepspeed_script import start_patched_gloo_run
 
 WIDTH = 16
+SEED = 0
 PROFILED_BATCH = 2  # global_steps when the profiled train_batch starts (the third batch)
 BATCHES = 4
 ORIGINAL_LINEAR = F.linear
@@ -99,7 +103,7 @@ def pipeline_run(mode, out_dir, config):
             prof.end_profile()
         if profiled:
             facts["after_profiled_batch"] = leftovers(engine)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
+    Path(out_dir, f"{mode}.rank{rank}.json").write_text(json.dumps(facts))
 
 
 def plain_run(out_dir, config):
@@ -122,17 +126,19 @@ def plain_run(out_dir, config):
             engine.flops_profiler.print_model_profile(profile_step=step + 1, detailed=False)
             facts["getters"] = [engine.flops_profiler.get_total_flops(), engine.flops_profiler.get_total_params()]
             engine.flops_profiler.end_profile()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
+    Path(out_dir, f"plain.rank{rank}.json").write_text(json.dumps(facts))
 
 
 def main():
-    mode, out_dir = sys.argv[-3], sys.argv[-2]
+    modes, out_dir = sys.argv[-3].split("+"), sys.argv[-2]
     set_log_level_from_string("info")  # the engine's start-up lines
-    config = start_patched_gloo_run()
-    if mode == "plain":
-        plain_run(out_dir, config)
-    else:
-        pipeline_run(mode, out_dir, config)
+    config = start_patched_gloo_run(SEED)
+    for mode in modes:
+        torch.manual_seed(SEED)  # every mode's engine starts from the same weights
+        if mode == "plain":
+            plain_run(out_dir, config)
+        else:
+            pipeline_run(mode, out_dir, config)
 
 
 if __name__ == "__main__":

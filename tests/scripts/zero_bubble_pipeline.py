@@ -1,7 +1,11 @@
 """A 2-stage pipeline whose linears defer their weight gradients the way upstream Megatron-DeepSpeed's
 zero-bubble schedule does, profiled by the DeepSpeed config's flops_profiler section.
 
-    python zero_bubble_pipeline.py MODE OUT_DIR CONFIG       (tests/zero_bubble_tree first on PYTHONPATH)
+    python zero_bubble_pipeline.py MODE[+MODE...] OUT_DIR CONFIG       (tests/zero_bubble_tree first on PYTHONPATH)
+
+Several modes run one after another in this process (launches are the cost), "1f1b" before "zero_bubble" (which
+replaces DeepSpeed's TrainSchedule for good), each on an engine of its own from the same seed; "{mode}" in CONFIG
+is replaced by the mode's name.
 
 MODE "1f1b": DeepSpeed's TrainSchedule; each linear's weight-gradient GEMM runs inside its backward.
 MODE "zero_bubble": a schedule in TrainSchedule's place splits every BackwardPass into BackwardOnlyPass (the
@@ -105,12 +109,16 @@ def use_zero_bubble_schedule():
 
 
 def main():
-    mode, out_dir, config_path = sys.argv[-3:]
-    with open(config_path) as f:
-        config = json.load(f)
+    modes, out_dir, config_pattern = sys.argv[-3:]
     # the DeepSpeed patches, upstream's WeightGradStore handed to the profiler, patches.clean_exit's teardown at exit
     patches.apply_to_this_run([])
     deepspeed.init_distributed(dist_backend="gloo")
+    for mode in modes.split("+"):
+        with open(config_pattern.format(mode=mode)) as f:
+            run(mode, out_dir, json.load(f))
+
+
+def run(mode, out_dir, config):
     torch.manual_seed(0)
     if mode == "zero_bubble":
         use_zero_bubble_schedule()
