@@ -20,7 +20,7 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.errors import PatchConfigError
-from patches.megatron_door import MegatronDoor, announcement
+from patches.megatron_door import MegatronDoor
 from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
 from patches.profiler.context import RunDescription
@@ -137,10 +137,10 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     iteration = args.iteration
     writer = _tensorboard_writer(args)
     _announce_recompute(args)
-    _announce_profiling(args)
-    interval, interval_start = IntervalStats(), time.time()
     # counts, profiles and reports --profile-flops-step's iteration; times every other one
-    door = MegatronDoor(args, lambda _: _describe_run(args), tensorboard_writer=writer)
+    door = MegatronDoor(args, lambda _: _describe_run(args), tensorboard_writer=writer, first_done=iteration)
+    _announce_profiling(args, door)
+    interval, interval_start = IntervalStats(), time.time()
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
     while iteration < args.train_iters and (args.train_tokens is None or
@@ -204,7 +204,7 @@ def _announce_recompute(args):
         print_rank_0(f"> {note}")
 
 
-def _announce_profiling(args):
+def _announce_profiling(args, door):
     section = args.deepspeed_config_dict.get("flops_profiler", {})
     if args.profile_flops_step is None:
         return
@@ -212,7 +212,7 @@ def _announce_profiling(args):
         section_step = section.get("profile_step", 1)
         print_rank_0(f"> --profile-flops-step {args.profile_flops_step} takes precedence over the DeepSpeed "
                      f"config's flops_profiler section (profile_step {section_step}), which is ignored")
-    print_rank_0(f"> FLOPs profiler: {announcement(args, args.iteration)}")
+    print_rank_0(f"> FLOPs profiler: {door.announcement}")
 
 
 def _describe_run(args):

@@ -32,7 +32,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
-from patches.profiler.attachment import attachment_of
+from patches.profiler.attachment import EngineAttachment, attachment_of
 from patches.profiler.numbering import DEEPSPEED_NUMBERING, running_iteration
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNT_IN_PROFILED, ProfileSchedule
 from patches.profiler.printer import format_report
@@ -70,7 +70,8 @@ def engine_built(engine):
         return
     check_section(engine._config.flops_profiler_config)
     engine.flops_profiler = UserCodeFlopsProfiler(engine)
-    attachment_of(engine).section = SectionDoor(engine)
+    attachment = attachment_of(engine)
+    attachment.section = SectionDoor(engine, attachment)
     if engine.autotuning_enabled() and not engine.wall_clock_breakdown():
         # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().
         engine.engine_timers = ds_engine.EngineTimers(enable_micro_timers=False, enable_global_timers=True)
@@ -114,10 +115,11 @@ class SectionDoor:
     """The config section's schedule for one engine, and what it does with its report (see the module
     docstring). Nothing in it holds the engine."""
 
-    def __init__(self, engine: DeepSpeedEngine):
+    def __init__(self, engine: DeepSpeedEngine, attachment: EngineAttachment):
         self.config = engine._config.flops_profiler_config
+        self.attachment = attachment  # the engine's, which holds this door (attachment.section)
         # a plain engine's iteration is several calls: its FLOPs are counted in it, as DeepSpeed's profiler does
-        counting = COUNT_IN_PREVIOUS if attachment_of(engine).runs_a_schedule else COUNT_IN_PROFILED
+        counting = COUNT_IN_PREVIOUS if self.attachment.runs_a_schedule else COUNT_IN_PROFILED
         self.schedule = ProfileSchedule(engine.flops_profiler_profile_step(), counting=counting,
                                         shapes_change=shapes_change_of(engine))
 
@@ -125,7 +127,7 @@ class SectionDoor:
     def run_batch(self, engine: PipelineEngine, train_batch: Callable[[], Result]) -> Result:
         """DeepSpeed gap: the section's profiler lives in DeepSpeedEngine.step(), which PipelineEngine never calls."""
         iteration = running_iteration(engine.global_steps, DEEPSPEED_NUMBERING)
-        result, profiled = self.schedule.run(engine, iteration, train_batch)
+        result, profiled = self.schedule.run(engine, self.attachment, iteration, train_batch)
         if profiled is not None:
             self.deliver(engine, profiled, iteration)
         return result
@@ -134,9 +136,9 @@ class SectionDoor:
     def before_forward(self, engine: DeepSpeedEngine) -> None:
         """DeepSpeed gap: the section's profiler counts global rank 0's first forward micro-batch only. The
         iteration opens at a training forward, unless one is open or the user is measuring the engine."""
-        if self.schedule.running is not None or not engine.training or attachment_of(engine).measurement is not None:
+        if self.schedule.running is not None or not engine.training or self.attachment.measurement is not None:
             return
-        self.schedule.begin(engine, running_iteration(engine.global_steps, DEEPSPEED_NUMBERING))
+        self.schedule.begin(engine, self.attachment, running_iteration(engine.global_steps, DEEPSPEED_NUMBERING))
 
     def after_step(self, engine: DeepSpeedEngine) -> None:
         """The step closed an iteration (global_steps advanced): end the open one, and deliver its report."""

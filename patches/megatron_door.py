@@ -1,8 +1,8 @@
 """--profile-flops-step in a Megatron training loop: one door for our GPT fork's train() and upstream
 Megatron-DeepSpeed's train_step (patched by megatron_upstream.py).
 
-    print(announcement(args, first_done=args.iteration))           # the start-up line's words
-    door = MegatronDoor(args, describe=..., tensorboard_writer=...)
+    door = MegatronDoor(args, describe=..., tensorboard_writer=..., first_done=args.iteration)
+    print(door.announcement)                                        # the start-up line's words
     loss = door.train_step(engine, iteration, lambda: train_step(...))  # every iteration
 
 Every iteration runs through the door's profile schedule (profiler/one_step.py): iteration N is profiled on
@@ -61,22 +61,32 @@ class FileOutput:
 
 def announcement(args: Any, first_done: Optional[int], shapes_change: Optional[str] = None) -> str:
     """'iteration N will be profiled on every stage, its FLOPs counted in ...': the start-up line's words, said
-    before the run. first_done: iterations done before this run (None where not known yet)."""
-    return (f"iteration {args.profile_flops_step} will be profiled on every stage"
-            + counting_announcement(args.profile_flops_step, args.profile_flops_counting, first_done, shapes_change))
+    before the run (before any door is made: upstream's, at parse time). first_done: iterations done before this
+    run (None where not known yet)."""
+    return _profiled_on_every_stage(args.profile_flops_step) + counting_announcement(
+        args.profile_flops_step, args.profile_flops_counting, first_done, shapes_change)
+
+
+def _profiled_on_every_stage(step: int) -> str:
+    return f"iteration {step} will be profiled on every stage"
 
 
 class MegatronDoor:
     """A Megatron training loop's way into the profiler (see the module docstring)."""
 
     def __init__(self, args: Any, describe: Callable[[DeepSpeedEngine], RunDescription],
-                 tensorboard_writer: Any = None, shapes_change: Optional[str] = None):
+                 tensorboard_writer: Any = None, shapes_change: Optional[str] = None,
+                 first_done: Optional[int] = None):
         """args: the Megatron arguments (profile_flops_step, profile_flops_output, profile_flops_counting,
         train_iters). describe(engine): what the loop knows of its run, asked when a report is built.
-        shapes_change: as ProfileSchedule's (curriculum learning and the like)."""
+        shapes_change: as ProfileSchedule's (curriculum learning and the like). first_done: the iterations done
+        before this run, where the loop knows it: then `announcement` holds the start-up line's words (else None:
+        upstream's run says them at parse time, announcement() below, before any door is made)."""
         self.profile_step = args.profile_flops_step
         self.schedule = ProfileSchedule(self.profile_step, counting=args.profile_flops_counting,
                                         shapes_change=shapes_change, last_iteration=getattr(args, "train_iters", None))
+        self.announcement = (_profiled_on_every_stage(self.profile_step) + self.schedule.announcement(first_done)
+                             if self.profile_step is not None and first_done is not None else None)
         self.output = FileOutput(args.profile_flops_output, tensorboard_writer)
         self.describe = describe
 
@@ -87,7 +97,7 @@ class MegatronDoor:
         attachment.describe = self.describe
         if self.profile_step is not None:
             attachment.section = None  # --profile-flops-step takes precedence over the config section
-        result, profiled = self.schedule.run(engine, iteration, train_step)
+        result, profiled = self.schedule.run(engine, attachment, iteration, train_step)
         if profiled is not None:
             self.output.deliver(profiled, iteration)
         return result

@@ -146,7 +146,7 @@ def test_a_run_whose_shapes_change_counts_in_the_profiled_iteration_and_says_why
 
 def test_the_schedule_times_each_unprofiled_iteration_on_its_clock():
     timed = schedule(5)
-    assert [timed.run(None, i, lambda i=i: i * 10) for i in (1, 2, 3)] == [(10, None), (20, None), (30, None)]
+    assert [timed.run(None, None, i, lambda i=i: i * 10) for i in (1, 2, 3)] == [(10, None), (20, None), (30, None)]
     assert sorted(timed.clock.seconds) == [1, 2, 3] and timed.clock.first == 1
 
 

@@ -53,7 +53,7 @@ def test_pipeline_profiler_takes_the_run_whole_or_by_its_fields():
 def test_the_schedule_drops_a_counting_pass_whose_profiled_iteration_did_not_come():
     schedule = ProfileSchedule(5)
     schedule._counted = CountingPass(4, module_profiler=None)  # counted in 4; 5 went elsewhere (user code)
-    assert schedule.run(None, 6, lambda: "loss") == ("loss", None)
+    assert schedule.run(None, None, 6, lambda: "loss") == ("loss", None)
     assert schedule._counted is None
 
 

@@ -6,16 +6,26 @@ measurement puts itself there while it is attached. It holds no behaviour: whoev
 and calls down.
 """
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Set
+from typing import Any, Callable, Optional, Protocol, Set, TypeVar
 
-if TYPE_CHECKING:  # names only: nothing here calls them
-    from deepspeed.runtime.engine import DeepSpeedEngine
+from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from patches.profiler.context import RunDescription
-    from patches.profiler.gather import ReportGroups
-    from patches.profiler.measurement import StageMeasurement
+from patches.profiler.context import RunDescription
+from patches.profiler.gather import ReportGroups
+from patches.profiler.layout import runs_a_schedule
+from patches.registry import REGISTRY
 
 ATTRIBUTE = "flops_profiling"
+
+Result = TypeVar("Result")
+
+
+class AttachedMeasurement(Protocol):
+    """What the engine's method wrappers ask of the measurement attached (measurement.StageMeasurement)."""
+
+    def time_train_batch(self, train_batch: Callable[[], Result]) -> Result: ...
+    def time_call(self, instruction: str, call: Callable[[], Result]) -> Result: ...
+    def deferred_backward(self, work: Callable[..., Result]) -> Callable[..., Result]: ...
 
 
 @dataclass(eq=False)
@@ -25,7 +35,7 @@ class EngineAttachment:
     runs_a_schedule: bool  # a PipelineEngine (layout.runs_a_schedule): its iteration is train_batch
     # The measurement attached now (StageMeasurement.start puts itself here, detach takes it away): while it is
     # set, the engine's train_batch (or forward, backward and step) are timed by it.
-    measurement: Optional["StageMeasurement"] = None
+    measurement: Optional[AttachedMeasurement] = None
     # Publishes the attached measurement when the measured train_batch returns: the user's own FlopsProfiler code
     # on a PipelineEngine (sources.PublishedReports); None otherwise.
     publisher: Optional[Any] = None
@@ -34,8 +44,8 @@ class EngineAttachment:
     section: Optional[Any] = None
     # What the training loop knows of its run (the Megatron door's describe): for the reports it does not ask for
     # itself (the config section's, the user's FlopsProfiler code's). None: a run nothing is known of.
-    describe: Optional[Callable[["DeepSpeedEngine"], "RunDescription"]] = None
-    report_groups: Optional["ReportGroups"] = None  # the gloo groups of this engine's reports, made once
+    describe: Optional[Callable[[DeepSpeedEngine], RunDescription]] = None
+    report_groups: Optional[ReportGroups] = None  # the gloo groups of this engine's reports, made once
     # Wall-clock timers the running pipeline instruction started, left to it (pipeline_timers.py)
     timers_left_to_instruction: Set[str] = field(default_factory=set)
 
@@ -45,13 +55,10 @@ def attached(engine: object) -> Optional[EngineAttachment]:
     return getattr(engine, "__dict__", {}).get(ATTRIBUTE)
 
 
-def attachment_of(engine: "DeepSpeedEngine") -> EngineAttachment:
+def attachment_of(engine: DeepSpeedEngine) -> EngineAttachment:
     """The engine's attachment, made on first use (an engine built before patches.apply())."""
     attachment = attached(engine)
     if attachment is None:
-        from patches.profiler.layout import runs_a_schedule
-        from patches.registry import REGISTRY
-
         REGISTRY.engines_built += 1
         attachment = EngineAttachment(ordinal=REGISTRY.engines_built, runs_a_schedule=runs_a_schedule(engine))
         engine.__dict__[ATTRIBUTE] = attachment  # not nn.Module's __setattr__: it may run before Module.__init__

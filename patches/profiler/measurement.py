@@ -8,6 +8,11 @@
     measurement.entry()          # this rank's RankEntry: local, no collective
     measurement.detach()         # every hook gone: the engine runs as if never profiled
 
+One iteration of a schedule (one_step.ProfileSchedule) in two calls:
+
+    measurement = StageMeasurement.begin(engine, attachment, counted)   # made and started
+    entry = measurement.finish()  # stopped, every hook gone, and the rank's entry (or the error building it)
+
 Where the FLOPs come from is decided at start: counted by a dispatch mode in the measured iteration itself,
 or taken from a counting pass over the iteration before (one_step.ProfileSchedule), so that the measured iteration runs
 without the mode; its module calls are then checked against the counted ones (calls_differ).
@@ -23,7 +28,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.partition.layers import stage_layers
-from patches.profiler.attachment import attachment_of
+from patches.profiler.attachment import EngineAttachment, attachment_of
 from patches.profiler.engine_hooks import EngineHooks, synchronized_clock
 from patches.profiler.entry import RankEntry
 from patches.profiler.layout import EngineLayout
@@ -43,8 +48,10 @@ class CountingPass:
 class StageMeasurement:
     """What one rank measures of its stage over one iteration (see the module docstring)."""
 
-    def __init__(self, engine: DeepSpeedEngine):
+    def __init__(self, engine: DeepSpeedEngine, attachment: Optional[EngineAttachment] = None):
+        """attachment: the engine's (attachment.py), where the caller holds it; else looked up when needed."""
         self.engine = engine
+        self._attachment = attachment
         self._layout: Optional[EngineLayout] = None
         self.accelerator = get_accelerator()
         self.module_profiler: Optional[ModuleProfiler] = None
@@ -55,6 +62,20 @@ class StageMeasurement:
         self.started = False
         self._train_batch_s = 0.0  # a PipelineEngine's train_batch, timed (time_train_batch)
         self._window: List[Optional[float]] = [None, None]  # [start, end] of the measured work: a plain engine's
+
+    @classmethod
+    def begin(cls, engine: DeepSpeedEngine, attachment: EngineAttachment,
+              counted: Optional[CountingPass] = None) -> "StageMeasurement":
+        """A measurement of the engine's next iteration, started (start())."""
+        measurement = cls(engine, attachment)
+        measurement.start(counted=counted)
+        return measurement
+
+    @property
+    def attachment(self) -> EngineAttachment:
+        if self._attachment is None:
+            self._attachment = attachment_of(self.engine)
+        return self._attachment
 
     @property
     def layout(self) -> EngineLayout:
@@ -74,19 +95,23 @@ class StageMeasurement:
         self._remove_hooks()  # measured before and not detached: start afresh
         module = self.engine.module
         self.counted = counted
-        self.module_profiler = ModuleProfiler(module, synchronize=self.accelerator.synchronize,
-                                              root_name=type(module).__name__, ignore_types=ignore_list,
-                                              count_flops=counted is None)
-        self.hooks = EngineHooks.attach(self.engine, self.layout, self.module_profiler, self.accelerator.synchronize)
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
         self.calls_differ = []
         self.skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
-        self.module_profiler.start()
+        self.module_profiler = ModuleProfiler.started(module, synchronize=self.accelerator.synchronize,
+                                                      root_name=type(module).__name__, ignore_types=ignore_list,
+                                                      count_flops=counted is None)
+        try:
+            self.hooks = EngineHooks.attach(self.engine, self.layout, self.module_profiler,
+                                            self.accelerator.synchronize)
+        except BaseException:
+            self.module_profiler.remove()
+            raise
         self._train_batch_s = 0.0
         self._window = [self._clock(), None]
         self.started = True
-        attachment_of(self.engine).measurement = self
+        self.attachment.measurement = self
 
     def stop(self) -> None:
         """Stop measuring; the measurements stay readable, the hooks stay (inert) until detach()."""
@@ -98,12 +123,30 @@ class StageMeasurement:
             self.calls_differ = self.module_profiler.adopt_counts(self.counted.module_profiler)
         self.started = False
 
+    def finish(self) -> Union[RankEntry, Exception]:
+        """The measured iteration's end: stop, take the counting pass's FLOPs, remove every hook (as detach()), and
+        return this rank's entry, or the error building it raised (a collective report still needs this rank's
+        part)."""
+        if self.started:
+            self._window[1] = self._clock()
+            counted = self.counted.module_profiler if self.counted is not None else None
+            self.calls_differ = self.module_profiler.finish(counted)  # its hooks removed too
+            self.started = False
+            entry = self.entry_or_error()
+            if self.hooks is not None:
+                self.hooks.remove()
+        else:
+            entry = self.entry_or_error()
+            self._remove_hooks()
+        if self.attachment.measurement is self:
+            self.attachment.measurement = None
+        return entry
+
     def detach(self) -> None:
         """Stop, then remove every hook, wrapper and swapped function: the engine runs as if never measured."""
         self.stop()
-        attachment = attachment_of(self.engine)
-        if attachment.measurement is self:
-            attachment.measurement = None
+        if self.attachment.measurement is self:
+            self.attachment.measurement = None
         self._remove_hooks()
 
     def _remove_hooks(self) -> None:
@@ -156,15 +199,16 @@ class StageMeasurement:
         if self.accelerator.device_name() != "cpu":
             peak = int(self.accelerator.max_memory_allocated())
         counted = self.counted.iteration if self.counted is not None else None
-        module, profiler, layout = self.engine.module, self.module_profiler, self.layout
-        tree = profiler.tree()
+        module, layout = self.engine.module, self.layout
+        measured = self.module_profiler.results()
+        tree = measured.tree
         _annotate_replicated_params(module, tree)
         events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.hooks.instructions.events]
         parts = [int(part) for part in getattr(module, "parts", None) or []] or None
         return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree,
                          self.hooks.instructions.as_dict(), self.train_batch_s(), peak, events,
-                         [asdict(op) for op in profiler.uncounted_ops()], counted, list(self.calls_differ),
-                         self.hooks.schedule, profiler.invisible_attention(), stage_layers(module, layout.stage),
+                         [asdict(op) for op in measured.uncounted_ops], counted, list(self.calls_differ),
+                         self.hooks.schedule, measured.invisible_attention, stage_layers(module, layout.stage),
                          parts)
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:

@@ -7,6 +7,7 @@
     prof.tree()            # the report schema's module node, inclusive, plus *_other_flops and *_calls
     prof.events()          # [(path, type, depth, phase, start, end)]: when each module was active, for the trace
     prof.remove()          # every hook gone: the module runs exactly as before
+    # or, at one measured iteration's end: prof.finish(counting_pass) stops, takes a counting pass's FLOPs, removes
 
 How it measures, one part per file (each file's docstring says how):
 - module_tree.py: one node per module (a module reachable twice appears once, each parameter counts once),
@@ -27,6 +28,7 @@ How it measures, one part per file (each file's docstring says how):
   (backward_outside_autograd, around the instruction).
 """
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
@@ -38,7 +40,15 @@ from patches.profiler.phase_stack import PhaseStack
 from patches.profiler.phases import BACKWARD, PHASE_PREFIXES
 
 # UncountedOp and ModuleEvent live with the parts that make them; readers of the profiler import them here.
-__all__ = ("ModuleEvent", "ModuleProfiler", "UncountedOp")
+__all__ = ("ModuleEvent", "ModuleProfiler", "ModuleResults", "UncountedOp")
+
+
+@dataclass(frozen=True)
+class ModuleResults:
+    """What a profiler measured, read at once (ModuleProfiler.results)."""
+    tree: dict  # tree()
+    uncounted_ops: List[UncountedOp]  # uncounted_ops()
+    invisible_attention: List[dict]  # invisible_attention()
 
 
 class ModuleProfiler:
@@ -57,6 +67,13 @@ class ModuleProfiler:
         self._mode = FlopCountingMode(self._credits.credit, self._credits.count_uncounted,
                                       self._credits.note_value_dependent) if count_flops else None
         self._hooks = ModuleHooks(self._tree.pairs, self._stack)
+
+    @classmethod
+    def started(cls, root: torch.nn.Module, **options: Any) -> "ModuleProfiler":
+        """A profiler over `root` (the constructor's options), measuring from now on."""
+        profiler = cls(root, **options)
+        profiler.start()
+        return profiler
 
     def start(self) -> None:
         if self._hooks.measuring:
@@ -79,6 +96,14 @@ class ModuleProfiler:
         """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
         self.stop()
         self._hooks.remove()
+
+    def finish(self, counted: Optional["ModuleProfiler"] = None) -> List[str]:
+        """The measured iteration is over: stop, take the FLOPs of `counted` where given (adopt_counts, whose list
+        of calls that differ it returns; [] without one), and remove every hook. The counts stay readable."""
+        self.stop()
+        differ = self.adopt_counts(counted) if counted is not None else []
+        self.remove()
+        return differ
 
     def reset(self) -> None:
         self._tree.zero_counts()
@@ -104,6 +129,9 @@ class ModuleProfiler:
         ignore_list excepted). Attention that reaches torch (SDPA, bmm, flash-attn's custom ops) always is, so
         such a module ran a kernel torch cannot see, and its attention FLOPs are missing."""
         return self._tree.invisible_attention()
+
+    def results(self) -> ModuleResults:
+        return ModuleResults(self.tree(), self.uncounted_ops(), self.invisible_attention())
 
     def totals(self) -> dict:
         tree = self.tree()

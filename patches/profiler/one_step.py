@@ -1,7 +1,7 @@
 """One profiled iteration, one way through: the schedule every door runs its iterations through.
 
     schedule = ProfileSchedule(profile_step=N, counting=...)
-    result, profiled = schedule.run(engine, iteration, run_step)   # or: begin(engine, iteration) ... end()
+    result, profiled = schedule.run(engine, attachment, iteration, run_step)   # or: begin(...) ... end()
     if profiled is not None:   # the profiled iteration: a GatheredReports (collective), for the door to deliver
         ...
 
@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.profiler.attachment import EngineAttachment
 from patches.profiler.context import IterationTiming
 from patches.profiler.measurement import CountingPass, StageMeasurement
 from patches.profiler.sources import GatheredReports, say_on_rank_0, warn_on_rank_0
@@ -128,9 +129,14 @@ class ProfileSchedule:
         self.counting_note = f"the run changes its shapes between iterations: {shapes_change}" \
             if shapes_change and counting == COUNT_IN_PREVIOUS else None
         self.last_iteration = last_iteration
+        self.shapes_change = shapes_change
         self.clock = IterationClock()
         self._counted: Optional[CountingPass] = None  # the counting pass, until the iteration after it
         self._open: Optional[_OpenIteration] = None
+
+    def announcement(self, first_done: Optional[int]) -> str:
+        """counting_announcement of this schedule, said before the run."""
+        return counting_announcement(self.profile_step, self.counting, first_done, self.shapes_change)
 
     def role(self, iteration: int) -> str:
         if self.profile_step is None:
@@ -146,11 +152,12 @@ class ProfileSchedule:
         """The iteration between begin() and end() (or abandon()); None outside one."""
         return self._open.iteration if self._open is not None else None
 
-    def run(self, engine: DeepSpeedEngine, iteration: int,
+    def run(self, engine: DeepSpeedEngine, attachment: EngineAttachment, iteration: int,
             run_step: Callable[[], Result]) -> Tuple[Result, Optional[GatheredReports]]:
         """(run_step's result, the profiled iteration's reports or None): begin, run_step, end. Collective on the
-        profiled iteration: every rank runs the same iterations through its schedule."""
-        self.begin(engine, iteration)
+        profiled iteration: every rank runs the same iterations through its schedule. attachment: the engine's
+        (attachment.py), which the door holds."""
+        self.begin(engine, attachment, iteration)
         try:
             result = run_step()
         except BaseException:
@@ -158,7 +165,7 @@ class ProfileSchedule:
             raise
         return result, self.end()
 
-    def begin(self, engine: DeepSpeedEngine, iteration: int) -> None:
+    def begin(self, engine: DeepSpeedEngine, attachment: EngineAttachment, iteration: int) -> None:
         """The iteration starts: its clock, and its counting or profiling measurement attached to the engine."""
         role = self.role(iteration)
         if self._counted is not None and iteration != self._counted.iteration + 1:
@@ -167,8 +174,7 @@ class ProfileSchedule:
         if role != TIME:
             if role == PROFILE:
                 counted, self._counted = self._counted, None  # None where iteration N-1 did not run here
-            measurement = StageMeasurement(engine)
-            measurement.start(counted=counted)
+            measurement = StageMeasurement.begin(engine, attachment, counted)
         self._open = _OpenIteration(engine, iteration, role, time.time(), measurement, counted)
 
     def abandon(self) -> None:
@@ -195,15 +201,12 @@ class ProfileSchedule:
             measurement.detach()
             self._counted = CountingPass(opened.iteration, measurement.module_profiler)
             return None
-        try:
-            measurement.stop()
-            unprofiled_s, unprofiled = self.clock.unprofiled_before(opened.iteration)
-            counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
-            timing = IterationTiming(seconds, unprofiled_s, unprofiled, counting_s)
-            reports = GatheredReports(measurement, timing=timing, counting_note=self.counting_note)
-            counting = reports.report(opened.iteration)["flops_counting"]  # broadcast: every rank decides alike
-        finally:
-            measurement.detach()  # what it measured stays readable: the report and the trace read it
+        entry = measurement.finish()  # every hook off the engine; what it measured stays readable
+        unprofiled_s, unprofiled = self.clock.unprofiled_before(opened.iteration)
+        counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
+        timing = IterationTiming(seconds, unprofiled_s, unprofiled, counting_s)
+        reports = GatheredReports.gathered(measurement, entry, opened.iteration, timing, self.counting_note)
+        counting = reports.ready()["flops_counting"]  # broadcast: every rank decides alike
         if counting["calls_differ"]:
             self._count_again(opened.iteration, counting["counted_iteration"], counting["calls_differ"])
             return None

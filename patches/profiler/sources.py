@@ -16,14 +16,13 @@
 Every source's report(step) returns build_report's dict, built once per step and never edited.
 """
 import sys
-from typing import Callable, Iterable, List, Optional, Protocol
+from typing import Callable, Iterable, List, Optional, Protocol, Union
 
 import torch.distributed as dist
-from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler import store_exchange
-from patches.profiler.attachment import attached, attachment_of
 from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
+from patches.profiler.entry import RankEntry
 from patches.profiler.files import write_text
 from patches.profiler.gather import ReportGroups, gather_replica, gather_report
 from patches.profiler.layout import EngineLayout
@@ -74,6 +73,17 @@ class GatheredReports:
         self.counting_note = counting_note
         self._report: Optional[dict] = None
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
+        self._entry: Union[RankEntry, Exception, None] = None  # the rank's entry, taken already (gathered())
+
+    @classmethod
+    def gathered(cls, measurement: StageMeasurement, entry: Union[RankEntry, Exception], step: int,
+                 timing: Optional[IterationTiming] = None, counting_note: Optional[str] = None) -> "GatheredReports":
+        """Collective: the report of a measurement that has finished (StageMeasurement.finish: `entry`), labelled
+        `step`, gathered and built already (ready())."""
+        reports = cls(measurement, timing=timing, counting_note=counting_note)
+        reports._entry = entry
+        reports.report(step)
+        return reports
 
     @property
     def emits_here(self) -> bool:
@@ -84,7 +94,7 @@ class GatheredReports:
         self.measurement.start(ignore_list)
 
     def forget(self) -> None:
-        self._report, self._entries = None, None
+        self._report, self._entries, self._entry = None, None, None
 
     def ready(self) -> Optional[dict]:
         """The report gathered already, or None: never gathers (a getter may be called on one rank alone)."""
@@ -97,9 +107,9 @@ class GatheredReports:
             step = self._report["step"] if self._report is not None else self.measurement.engine.global_steps
         if self._report is None or self._report["step"] != step:
             measurement = self.measurement
-            entry, context = measurement.entry_or_error(), None
+            entry, context = self._entry if self._entry is not None else measurement.entry_or_error(), None
             try:  # only rank 0's is used; an error here is this rank's failure, named to every rank
-                run = self.run if self.run is not None else describe_run(measurement.engine)
+                run = self.run if self.run is not None else describe_run(measurement)
                 context = ReportContext.of(measurement.engine, measurement.layout, step, run, self.timing,
                                            measurement.skipped_steps_before, counting_note=self.counting_note)
             except Exception as error:
@@ -110,7 +120,7 @@ class GatheredReports:
 
     def _groups(self) -> ReportGroups:
         """The engine's report groups, made on its first report (collective: every rank is in report())."""
-        attachment = attachment_of(self.measurement.engine)
+        attachment = self.measurement.attachment
         if attachment.report_groups is None:
             attachment.report_groups = ReportGroups.for_layout(self.measurement.layout)
         return attachment.report_groups
@@ -179,7 +189,7 @@ class PublishedReports(_CallingRankOutput):
         self._step = running_iteration(engine.global_steps)  # the iteration as Megatron's log numbers it
         self._label = self._step
         self.measurement.start(ignore_list)
-        attachment_of(engine).publisher = self  # publish() when the measured train_batch returns
+        self.measurement.attachment.publisher = self  # publish() when the measured train_batch returns
 
     def forget(self) -> None:
         self._collected, self._reports = None, {}
@@ -191,7 +201,7 @@ class PublishedReports(_CallingRankOutput):
         measurement.stop()
         publication = self._publication()
         measurement.detach()  # the measurements stay; no hook or wrapper remains on the engine
-        self._namespace = f"engine{attachment_of(measurement.engine).ordinal}/step{self._step}"
+        self._namespace = f"engine{measurement.attachment.ordinal}/step{self._step}"
         store_exchange.publish(self._namespace, publication)
 
     def _publication(self) -> store_exchange.Publication:
@@ -219,7 +229,7 @@ class PublishedReports(_CallingRankOutput):
         if step not in self._reports:
             entries, samples, note, _ = self._collect()
             measurement = self.measurement
-            context = ReportContext.of(measurement.engine, measurement.layout, step, describe_run(measurement.engine),
+            context = ReportContext.of(measurement.engine, measurement.layout, step, describe_run(measurement),
                                        skipped_steps_before=measurement.skipped_steps_before,
                                        collection_note=note, clock_note=note)
             self._reports[step] = build_report(entries, context, samples)
@@ -297,7 +307,7 @@ class LocalReport(_CallingRankOutput):
             note = (f"global rank {dist.get_rank()} of {dist.get_world_size()} only: DeepSpeed's FlopsProfiler on a "
                     "plain engine reports the calling rank's model")
             # the calling rank's model: the run's sequence length is its, the whole model's formula is not
-            run = RunDescription(seq_length=describe_run(measurement.engine).seq_length)
+            run = RunDescription(seq_length=describe_run(measurement).seq_length)
             context = ReportContext.of(measurement.engine, ONE_RANK, step, run,
                                        skipped_steps_before=measurement.skipped_steps_before, collection_note=note,
                                        micro_batches=entry["instructions"].get("ForwardPass", {}).get("count", 0))
@@ -362,13 +372,12 @@ def _where(ranks: List[int], layout: EngineLayout) -> str:
                      for stage, members in sorted(by_stage.items()))
 
 
-def describe_run(engine: DeepSpeedEngine) -> RunDescription:
-    """What the training loop that trains `engine` says of its run (its door's describe, on the engine's
+def describe_run(measurement: StageMeasurement) -> RunDescription:
+    """What the training loop that trains the measured engine says of its run (its door's describe, on the engine's
     attachment), else UNDESCRIBED: for the reports that loop does not ask for itself (the config section's, the
     user's own FlopsProfiler code's, PipelineFlopsProfiler's without a run)."""
-    attachment = attached(engine)
-    describe = attachment.describe if attachment is not None else None
-    return describe(engine) if describe is not None else UNDESCRIBED
+    describe = measurement.attachment.describe
+    return describe(measurement.engine) if describe is not None else UNDESCRIBED
 
 
 def warn_on_rank_0(line: str) -> None:
