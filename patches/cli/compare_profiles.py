@@ -16,7 +16,7 @@ import json
 import math
 import sys
 
-from patches.profiler.printer import duration_to_string, flops_rate_to_string, number_to_string
+from patches.profiler.units import duration_to_string, flops_rate_to_string, number_to_string
 
 
 def _fraction(value):

@@ -9,8 +9,8 @@ import sys
 from typing import List, Optional
 
 from patches.errors import PatchConfigError
-from patches.partition.planner import plan_of, read_report
-from patches.profiler.printer import duration_to_string, plan_line
+from patches.partition.planner import plan_line, plan_of, read_report
+from patches.profiler.units import duration_to_string
 
 
 def main(argv: Optional[List[str]] = None) -> int:

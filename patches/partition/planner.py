@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from patches.errors import PatchConfigError
 from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
+from patches.profiler.units import duration_to_string
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,19 @@ def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[in
             "them on different stages)")
     return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
                            cut_at)
+
+
+def plan_line(plan: dict) -> str:
+    """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...' (the printer's line
+    under the layer table, and megatron-plan-partition's)."""
+    current = (f"stage {plan['current_bounding_stage']} bounds at {duration_to_string(plan['current_bound_s'])} "
+               f"with parts {plan['current_parts']}")
+    if plan["parts"] == plan["current_parts"]:
+        return f"partition: {current}, already the best contiguous one for these layers' measured times"
+    return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
+            f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
+            f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
+            f"{100 * plan['predicted_change']:+.1f}%")
 
 
 def _parts_from_layers(layers):

@@ -13,14 +13,9 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.profiler.files import write_json, write_trace
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
-from patches.profiler.printer import (
-    duration_to_string,
-    format_aggregated,
-    format_report,
-    number_to_string,
-    params_to_string,
-)
+from patches.profiler.printer import format_aggregated, format_report
 from patches.profiler.sources import HeldReport, MeasuringSource, ProfileIncomplete, ReportSource
+from patches.profiler.units import duration_to_string, number_to_string, params_to_string
 
 
 class ProfilerAPI:

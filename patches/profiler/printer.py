@@ -1,50 +1,21 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from patches.partition.planner import plan_line
 from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.notes import LAYER_TABLE_CAPTION, STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
+from patches.profiler.units import (
+    bytes_to_string,
+    duration_to_string,
+    flops_rate_to_string,
+    number_to_string,
+    params_to_string,
+)
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78
 _LINE = "{:<72}  {}"
-_SCALES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
-
-
-def _decimals(value):
-    return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def number_to_string(num: float) -> str:
-    """463210000 -> '463.21 M'."""
-    for scale, unit in _SCALES:
-        if abs(num) >= scale:
-            return f"{_decimals(num / scale)} {unit}"
-    return _decimals(num)
-
-
-def params_to_string(params: int) -> str:
-    return number_to_string(params).replace("G", "B")
-
-
-def flops_rate_to_string(flops_per_s: float) -> str:
-    """12.3e9 -> '12.3 GFLOPS'."""
-    text = number_to_string(flops_per_s)
-    return f"{text}FLOPS" if text[-1].isalpha() else f"{text} FLOPS"
-
-
-def bytes_to_string(num: float) -> str:
-    text = number_to_string(num)
-    return f"{text}B" if text[-1].isalpha() else f"{text} B"
-
-
-def duration_to_string(seconds: float) -> str:
-    """29.87 -> '29.87 s', 0.11917 -> '119.17 ms'."""
-    if seconds == 0 or seconds >= 1:
-        return f"{_decimals(seconds)} s"
-    if seconds >= 1e-3:
-        return f"{_decimals(seconds * 1e3)} ms"
-    return f"{_decimals(seconds * 1e6)} us"
 
 
 def _percent(part, whole):
@@ -289,18 +260,6 @@ def _layers(report):
     if plan:
         lines.append("  " + plan_line(plan))
     return lines
-
-
-def plan_line(plan: dict) -> str:
-    """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...'."""
-    current = (f"stage {plan['current_bounding_stage']} bounds at {duration_to_string(plan['current_bound_s'])} "
-               f"with parts {plan['current_parts']}")
-    if plan["parts"] == plan["current_parts"]:
-        return f"partition: {current}, already the best contiguous one for these layers' measured times"
-    return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
-            f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
-            f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
-            f"{100 * plan['predicted_change']:+.1f}%")
 
 
 def _stragglers(report: dict) -> list:
