@@ -26,8 +26,9 @@ def run_command(module, *argv):
 
 @pytest.mark.parametrize("module, argv", [
     ("patches.cli.plan_partition", [REPORT]),
+    ("patches.cli.plan_partition", [REPORT, "--parts", "0,4,7"]),
     ("patches.cli.compare_profiles", [REPORT, REPORT]),
-], ids=["plan_partition", "compare_profiles"])
+], ids=["plan_partition", "plan_partition_parts", "compare_profiles"])
 def test_a_command_imports_no_torch_and_no_deepspeed(module, argv):
     process = run_command(module, *argv)
     assert process.returncode == 0 and process.stderr == "", process.stderr

@@ -1,12 +1,12 @@
 """megatron-plan-partition (patches/cli/plan_partition.py) on a real report (the golden fork run's: our GPT at
-pp 2 x tp 2), and every kind of bad report refused in one line with exit 2. In process."""
+pp 2 x tp 2) and on a small one whose numbers add up exactly, --parts' what-if against sums done by hand, and
+every kind of bad report or bad --parts refused in one line with exit 2. In process."""
 import json
 
 import pytest
 
 from patches.cli.plan_partition import main
-from patches.partition.planner import plan_of
-from patches.profiler.printer import plan_line
+from patches.partition.planner import plan_line, plan_of
 from tests.helpers.golden import GOLDEN
 
 REPORT = GOLDEN / "fork.report.json"
@@ -78,3 +78,105 @@ def test_a_missing_report_and_a_bad_pp_are_one_line(tmp_path, capsys):
                                 "or directory\n"
     code, _, err = run(capsys, REPORT, "--pp", 9)
     assert code == 2 and err == "error: --pp 9: the report's 7 layers make 1 to 7 stages\n"
+
+
+# ---------------------------------------------------------------- --parts: a partition the user names
+def small_report():
+    """4 layers that ran at pp 2 with parts [0, 2, 4], 4 micro-batches, an iteration of 1.25 s. Every number a
+    sum of powers of 2, so the model's arithmetic is exact. Per iteration (forward + backward + recompute):
+    layers 0.125, 0.375, 0.25, 0.25 s; the last stage's overhead (its loss) 0.125 s, the first's 0."""
+    seconds = [(0.0625, 0.0625, 0.0), (0.125, 0.25, 0.0), (0.125, 0.125, 0.0), (0.0625, 0.125, 0.0625)]
+    layers = [{"index": i, "type": "Layer", "stage": 0 if i < 2 else 1, "node": str(i), "fwd_latency_s": fwd,
+               "bwd_latency_s": bwd, "recompute_latency_s": recompute}
+              for i, (fwd, bwd, recompute) in enumerate(seconds)]
+    return {"totals": {"throughput_iter_s": 1.25, "throughput_basis": "unprofiled"},
+            "parallelism": {"micro_batches": 4}, "layers": layers,
+            "partition_plan": {"current_parts": [0, 2, 4], "stage_overhead_s": [0.0, 0.125]}}
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small_report()))
+    return path
+
+
+# By hand, with m = 4 micro-batches: model(loads) = sum(loads) / 4 + 3 * max(loads) / 4.
+# As ran, [0, 2, 4]: loads 0.125 + 0.375 = 0.5 and 0.25 + 0.25 + 0.125 = 0.625; model 1.125 / 4 + 1.875 / 4 = 0.75,
+# so 1.25 - 0.75 = 0.5 s of the iteration is what the model leaves out, added to every prediction.
+def test_parts_of_the_same_pp_by_hand(small, capsys):
+    # [0, 3, 4]: loads 0.125 + 0.375 + 0.25 = 0.75 and 0.25 + 0.125 = 0.375;
+    # model 1.125 / 4 + 2.25 / 4 = 0.84375; predicted 0.84375 + 0.5 = 1.34375 s, 1.34375 / 1.25 - 1 = +7.5%.
+    code, out, err = run(capsys, small, "--parts", "0,3,4")
+    assert code == 0 and err == ""
+    assert out == ("4 layers, measured at pp 2, 4 micro-batches; iteration 1.25 s (unprofiled)\n"
+                   "stage loads as run:     500 ms, 625 ms\n"
+                   "stage loads with parts: 750 ms, 375 ms\n"
+                   "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 3, 4] (pp 2) stage 0 "
+                   "bounds at 750 ms, iteration 1.34 s predicted against 1.25 s measured, +7.5%\n")
+    plan = plan_of(small_report(), cut_at=[0, 3, 4])
+    assert plan["stage_s"] == [0.75, 0.375] and plan["bound_s"] == 0.75 and plan["predicted_iter_s"] == 1.34375
+    assert plan["current_stage_s"] == [0.5, 0.625] and plan["parts"] == [0, 3, 4]
+
+
+def test_parts_of_another_pp_by_hand(small, capsys):
+    # pp 3, [0, 2, 3, 4]: the first stage keeps its overhead (0), the last its 0.125, the middle none;
+    # loads 0.5, 0.25, 0.25 + 0.125 = 0.375; model 1.125 / 4 + 1.5 / 4 = 0.65625; predicted 1.15625 s, -7.5%.
+    code, out, err = run(capsys, small, "--parts", "0,2,3,4", "--pp", "3")
+    assert code == 0 and err == ""
+    assert out.splitlines()[2:] == [
+        "stage loads with parts: 500 ms, 250 ms, 375 ms",
+        "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 2, 3, 4] (pp 3) stage 0 bounds at "
+        "500 ms, iteration 1.16 s predicted against 1.25 s measured, -7.5%"]
+    assert plan_of(small_report(), cut_at=[0, 2, 3, 4])["predicted_iter_s"] == 1.15625
+    # pp 1, [0, 4]: one stage with both overheads, 1.0 + 0.125 = 1.125; model 1.125 / 4 + 3.375 / 4 = 1.125;
+    # predicted 1.625 s, +30%. (1.125 and 1.625 lie half-way at two decimals: printed half to even, 1.12 and 1.62.)
+    code, out, _ = run(capsys, small, "--parts", "0,4")
+    assert code == 0 and out.splitlines()[2:] == [
+        "stage loads with parts: 1.12 s",
+        "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 4] (pp 1) stage 0 bounds at "
+        "1.12 s, iteration 1.62 s predicted against 1.25 s measured, +30.0%"]
+    plan = plan_of(small_report(), cut_at=[0, 4])
+    assert plan["stage_s"] == [1.125] and plan["predicted_iter_s"] == 1.625
+
+
+def test_parts_on_the_golden_report_by_hand(capsys):
+    # Each layer's fwd + bwd + recompute from the report's table (ms): 18.80869, 48.71834, 64.17188, 41.99300,
+    # 46.19248, 0.40985, 7.05323; stage overheads 19.72042 and 59.37654. [0, 4, 7]: stage 0 = layers 0-3 +
+    # 19.72042 = 193.41233, stage 1 = layers 4-6 + 59.37654 = 113.03210. The sum of the loads is as ran, so the
+    # prediction moves by 3/4 of the bound's change: 296.97275 + 0.75 * (193.41233 - 155.02510) = 325.76317 ms.
+    code, out, err = run(capsys, REPORT, "--parts", "0,4,7")
+    assert code == 0 and err == ""
+    assert out.splitlines()[1:] == [
+        "stage loads as run:     151.42 ms, 155.03 ms",
+        "stage loads with parts: 193.41 ms, 113.03 ms",
+        "partition: stage 1 bounds at 155.03 ms with parts [0, 3, 7]; with parts [0, 4, 7] (pp 2) stage 0 bounds at "
+        "193.41 ms, iteration 325.76 ms predicted against 296.97 ms measured, +9.7%"]
+    # The partition that ran, named: the model predicts what was measured.
+    code, out, _ = run(capsys, REPORT, "--parts", "0,3,7")
+    assert code == 0 and out.splitlines()[-1].endswith("iteration 296.97 ms predicted against 296.97 ms measured, "
+                                                       "+0.0%")
+
+
+FORM = "(give each stage's first layer, then 7, the report's number of layers: 0,...,7)"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parts", "0,x,7"], f"--parts 0,x,7: 'x' is not an integer {FORM}"),
+    (["--parts", "0,3.5,7"], f"--parts 0,3.5,7: '3.5' is not an integer {FORM}"),
+    (["--parts", "0,,7"], f"--parts 0,,7: '' is not an integer {FORM}"),
+    (["--parts", "0,1_0,7"], f"--parts 0,1_0,7: '1_0' is not an integer {FORM}"),
+    (["--parts", "7"], f"--parts 7: one stage needs two boundaries, 0 and 7 {FORM}"),
+    (["--parts", "1,3,7"], "--parts 1,3,7: the first boundary is 1, it must be 0 (the first layer)"),
+    (["--parts", "0,3,6"], "--parts 0,3,6: the last boundary is 6, it must be 7 (the report's number of layers)"),
+    (["--parts", "0,3,9"], "--parts 0,3,9: the last boundary is 9, it must be 7 (the report's number of layers)"),
+    (["--parts", "0,3,3,7"], "--parts 0,3,3,7: 3 then 3: the boundaries must increase strictly (every stage holds "
+                             "at least one layer)"),
+    (["--parts", "0,5,3,7"], "--parts 0,5,3,7: 5 then 3: the boundaries must increase strictly (every stage holds "
+                             "at least one layer)"),
+    (["--parts", "0,3,7", "--pp", "3"], "--parts 0,3,7: 2 stages, but --pp 3"),
+], ids=["letter", "decimal", "empty", "underscore", "one_boundary", "first_not_0", "last_short", "last_long",
+        "repeated", "decreasing", "pp_disagrees"])
+def test_bad_parts_are_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, REPORT, *argv)
+    assert (code, out, err) == (2, "", f"error: {message}\n")

@@ -1,22 +1,57 @@
-"""megatron-plan-partition REPORT.json [--pp N]: the pipeline partition a profile report's measured layers ask for.
+"""megatron-plan-partition REPORT.json [--pp N] [--parts 0,A,B,...,L]: the pipeline partition a profile report's
+measured layers ask for.
 
 The report is a flops_profile_stepN.json of a PipelineModule's run (--profile-flops-step, the config section, or
 PipelineFlopsProfiler.write_json). Prints each stage's load under the partition that ran and under the planned
-one, the predicted iteration time, and how to use the plan; --pp plans for another number of stages.
+one, the predicted iteration time, and how to use the plan; --pp plans for another number of stages. --parts
+names a partition instead (each stage's first layer, then the number of layers: DeepSpeed's PipelineModule.parts)
+and prints what the same model predicts for it, beside the partition that ran.
+
+Reads JSON only: no torch or DeepSpeed import, so it starts at once.
 """
 import argparse
+import re
 import sys
 from typing import List, Optional
 
 from patches.errors import PatchConfigError
-from patches.partition.planner import plan_line, plan_of, read_report
+from patches.partition.planner import plan_line, plan_of, read_report, what_if_line
 from patches.profiler.units import duration_to_string
+
+
+def parse_parts(text: str, layers: int, pp: Optional[int]) -> List[int]:
+    """--parts as given ('0,4,7'), checked against the report's number of layers and --pp when given: the
+    boundaries of a contiguous partition with no stage empty. PatchConfigError, one line, otherwise."""
+    form = f"give each stage's first layer, then {layers}, the report's number of layers: 0,...,{layers}"
+    parts = []
+    for item in text.split(","):
+        # int() would also take '1_0' and other digits than 0-9: a boundary is written plainly.
+        if not re.fullmatch(r"-?[0-9]+", item.strip()):
+            raise PatchConfigError(f"--parts {text}: {item.strip()!r} is not an integer ({form})")
+        parts.append(int(item))
+    if len(parts) < 2:
+        raise PatchConfigError(f"--parts {text}: one stage needs two boundaries, 0 and {layers} ({form})")
+    if parts[0] != 0:
+        raise PatchConfigError(f"--parts {text}: the first boundary is {parts[0]}, it must be 0 (the first layer)")
+    if parts[-1] != layers:
+        raise PatchConfigError(f"--parts {text}: the last boundary is {parts[-1]}, it must be {layers} (the report's "
+                               "number of layers)")
+    for before, after in zip(parts, parts[1:]):
+        if after <= before:
+            raise PatchConfigError(f"--parts {text}: {before} then {after}: the boundaries must increase strictly "
+                                   "(every stage holds at least one layer)")
+    if pp is not None and len(parts) - 1 != pp:
+        raise PatchConfigError(f"--parts {text}: {len(parts) - 1} stages, but --pp {pp}")
+    return parts
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-plan-partition", description=__doc__.split("\n\n")[0])
     parser.add_argument("report", help="a profile report's JSON (flops_profile_stepN.json)")
     parser.add_argument("--pp", type=int, default=None, help="plan for this many pipeline stages (default: as ran)")
+    parser.add_argument("--parts", default=None, metavar="0,A,B,...,L",
+                        help="predict this partition instead of planning one: each stage's first layer, then the "
+                             "number of layers L (PipelineModule.parts)")
     args = parser.parse_args(argv)
     try:
         report = read_report(args.report)
@@ -26,7 +61,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "profiled by this profiler has one)")
         if args.pp is not None and not 1 <= args.pp <= len(layers):
             raise PatchConfigError(f"--pp {args.pp}: the report's {len(layers)} layers make 1 to {len(layers)} stages")
-        plan = plan_of(report, args.pp)
+        parts = parse_parts(args.parts, len(layers), args.pp) if args.parts is not None else None
+        plan = plan_of(report, args.pp, parts)
     except PatchConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -34,6 +70,11 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{report['parallelism']['micro_batches']} micro-batches; iteration "
           f"{duration_to_string(plan['measured_iter_s'])} ({report['totals'].get('throughput_basis', 'measured')})")
     print("stage loads as run:     " + ", ".join(duration_to_string(s) for s in plan["current_stage_s"]))
+    if parts is not None:
+        # A what-if: the partition named, not a plan to use, so no "use it" line.
+        print("stage loads with parts: " + ", ".join(duration_to_string(s) for s in plan["stage_s"]))
+        print(what_if_line(plan))
+        return 0
     print("stage loads as planned: " + ", ".join(duration_to_string(s) for s in plan["stage_s"]))
     print(plan_line(plan))
     print(f"use it: --pp-partition-from-profile {args.report} (Megatron), or "

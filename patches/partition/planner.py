@@ -171,17 +171,31 @@ def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[in
                            cut_at)
 
 
+def _as_ran(plan: dict) -> str:
+    return (f"stage {plan['current_bounding_stage']} bounds at {duration_to_string(plan['current_bound_s'])} "
+            f"with parts {plan['current_parts']}")
+
+
 def plan_line(plan: dict) -> str:
     """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...' (the printer's line
     under the layer table, and megatron-plan-partition's)."""
-    current = (f"stage {plan['current_bounding_stage']} bounds at {duration_to_string(plan['current_bound_s'])} "
-               f"with parts {plan['current_parts']}")
+    current = _as_ran(plan)
     if plan["parts"] == plan["current_parts"]:
         return f"partition: {current}, already the best contiguous one for these layers' measured times"
     return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
             f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
             f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
             f"{100 * plan['predicted_change']:+.1f}%")
+
+
+def what_if_line(plan: dict) -> str:
+    """plan_of(..., cut_at=parts) as one line: 'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 2, 7]
+    (pp 2) stage 0 bounds at ...' (megatron-plan-partition --parts: a partition the user names, which may be worse)."""
+    bounding = plan["stage_s"].index(plan["bound_s"])
+    return (f"partition: {_as_ran(plan)}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) "
+            f"stage {bounding} bounds at {duration_to_string(plan['bound_s'])}, iteration "
+            f"{duration_to_string(plan['predicted_iter_s'])} predicted against "
+            f"{duration_to_string(plan['measured_iter_s'])} measured, {100 * plan['predicted_change']:+.1f}%")
 
 
 def _parts_from_layers(layers):
