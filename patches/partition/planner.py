@@ -16,9 +16,13 @@ glue). The plan:
    slowest stage: model(t) = sum(t_s) + (m - 1) * max(t_s). What the model leaves out (messages, the
    optimizer step, loading data) is the measured iteration's time minus the model of the partition that
    ran, and is added unchanged: predicted = model(new) + (measured - model(current)).
+
+parse_size reads a memory size as a user writes it ('80GB', '1.5GiB'), for a per-stage memory limit.
 """
 import json
+import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import List, Optional, Sequence, Tuple
 
 from patches.errors import PatchConfigError
@@ -243,3 +247,29 @@ def _what_planning_lacks(report) -> Optional[str]:
     if sorted(row["index"] for row in layers) != list(range(len(layers))):
         return "its layers are not numbered 0 to n - 1"
     return None
+
+
+# ---------------------------------------------------------------- sizes
+_SIZE_UNITS = {"": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4,
+               "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4}
+# ASCII only: an ignore-case [a-z] would also take the Kelvin sign for a K.
+_SIZE = re.compile(r"\s*(-?)([0-9]+(?:\.[0-9]+)?) *([a-z]*)\s*", re.IGNORECASE | re.ASCII)
+SIZE_FORMS = ("a positive number of bytes, or one with KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers "
+              "of 1024), upper or lower case, e.g. 80GB or 1.5GiB")
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes from '80GB' (80 * 1000**3), '1.5GiB' (1.5 * 1024**3), '512' (bytes): see SIZE_FORMS. A
+    decimal is rounded down to a whole byte. ValueError, one line naming the accepted forms, for anything else,
+    a negative size or one under a byte."""
+    match = _SIZE.fullmatch(text)
+    if match is None or match.group(3).lower() not in _SIZE_UNITS:
+        raise ValueError(f"size {text!r} is not a size: give {SIZE_FORMS}")
+    sign, number, unit = match.groups()
+    if sign:
+        raise ValueError(f"size {text!r} is negative: give {SIZE_FORMS}")
+    # Fraction, not float: 2.01 * 1000 in floats is 2009.9999999999998, and '2.01KB' is 2010 bytes.
+    size = int(Fraction(number) * _SIZE_UNITS[unit.lower()])
+    if size == 0:
+        raise ValueError(f"size {text!r} is {'zero' if Fraction(number) == 0 else 'under one byte'}: give {SIZE_FORMS}")
+    return size
