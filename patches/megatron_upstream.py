@@ -148,20 +148,27 @@ class UpstreamRun:
 
         @functools.wraps(original)
         def deferring_put(cls, *args, **kwargs):
-            measurement = self.measuring()
-            if measurement is not None and args and callable(args[-1]):  # put(total_input, grad_output, weight, func)
-                args = args[:-1] + (measurement.deferred_backward(args[-1]),)
+            if args and callable(args[-1]):  # put(total_input, grad_output, weight, func)
+                args = args[:-1] + (self.deferred(args[-1]),)
             return original(cls, *args, **kwargs)
 
         store.put = classmethod(deferring_put)
 
-    def measuring(self):
-        """The measurement attached to the engine train_step trains, or None."""
+    def deferred(self, work):
+        """work, handed to the measurement whose module's backward is running it now (deferred_backward gives back
+        another callable only there): the engine train_step trains first, then any other engine measuring (one
+        driven by the config section or by user code, outside upstream's train_step). Else work itself."""
         from patches.profiler.attachment import attached
+        from patches.registry import REGISTRY
 
-        engine = self.trained() if self.trained is not None else None
-        attachment = attached(engine) if engine is not None else None
-        return attachment.measurement if attachment is not None else None
+        trained = attached(self.trained()) if self.trained is not None and self.trained() is not None else None
+        attachments = ([trained] if trained is not None else []) + [a for a in REGISTRY.attachments if a is not trained]
+        for attachment in attachments:
+            if attachment.measurement is not None:
+                handed = attachment.measurement.deferred_backward(work)
+                if handed is not work:
+                    return handed
+        return work
 
 
 # ---------------------------------------------------------------- the flags
