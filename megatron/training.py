@@ -172,12 +172,14 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
             evaluate_and_print_results(f"iteration {iteration}", iteration, model, valid_ds, args, writer)
         reason = _exit_reason(args, iteration)
         if reason is not None:
+            door.finish()  # a report still waiting for its baseline iterations comes now
             saved = bool(args.save_interval) and iteration % args.save_interval == 0
             if args.save and not saved:
                 save_checkpoint(engine, args.save, iteration, args)
             torch.distributed.barrier()
             print_rank_0(f"> exiting program {reason}")
             return iteration, True
+    door.finish()
     return iteration, False
 
 

@@ -6,7 +6,9 @@ Megatron-DeepSpeed's train_step (patched by megatron_upstream.py).
     loss = door.train_step(engine, iteration, lambda: train_step(...))  # every iteration
 
 Every iteration runs through the door's profile schedule (profiler/one_step.py): iteration N is profiled on
-every rank, N-1 counts its FLOPs, the others are timed for the unprofiled baseline. The door takes the engine
+every rank, N-1 counts its FLOPs, the others are timed for the unprofiled baseline. N's report waits for the
+STEADY_AFTER unprofiled iterations after N (its baseline: a run profiled early has only warm-up before N), or
+for the run's last iteration, or for the loop's end (finish()), whichever comes first. The door takes the engine
 over on its first iteration: its attachment (profiler/attachment.py) gets the door's `describe`, so that the
 reports this loop does not ask for itself (the config section's, the user's own FlopsProfiler code's) describe
 the run as well; and with --profile-flops-step the config section stays out of the engine. The profiled
@@ -22,7 +24,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.profiler.attachment import attachment_of
 from patches.profiler.context import RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
-from patches.profiler.one_step import ProfileSchedule, counting_announcement
+from patches.profiler.one_step import STEADY_AFTER, ProfileSchedule, counting_announcement
 from patches.profiler.printer import format_report
 from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
 
@@ -84,7 +86,8 @@ class MegatronDoor:
         upstream's run says them at parse time, announcement() below, before any door is made)."""
         self.profile_step = args.profile_flops_step
         self.schedule = ProfileSchedule(self.profile_step, counting=args.profile_flops_counting,
-                                        shapes_change=shapes_change, last_iteration=getattr(args, "train_iters", None))
+                                        shapes_change=shapes_change, last_iteration=getattr(args, "train_iters", None),
+                                        settle=STEADY_AFTER)
         self.announcement = (_profiled_on_every_stage(self.profile_step) + self.schedule.announcement(first_done)
                              if self.profile_step is not None and first_done is not None else None)
         self.output = FileOutput(args.profile_flops_output, tensorboard_writer)
@@ -99,5 +102,12 @@ class MegatronDoor:
             attachment.section = None  # --profile-flops-step takes precedence over the config section
         result, profiled = self.schedule.run(engine, attachment, iteration, train_step)
         if profiled is not None:
-            self.output.deliver(profiled, iteration)
+            self.output.deliver(profiled, profiled.step)
         return result
+
+    def finish(self) -> None:
+        """The loop has ended (collective: every rank's loop ends at the same iteration): a report still waiting
+        for its baseline iterations is delivered now, over those that ran."""
+        profiled = self.schedule.flush()
+        if profiled is not None:
+            self.output.deliver(profiled, profiled.step)

@@ -119,6 +119,26 @@ class UpstreamRun:
                 engine, _iteration_being_run(megatron_args), lambda: original(*args, **kwargs))
 
         _replace(module, "train_step", original, train_step)
+        train = getattr(module, "train", None)
+        if callable(train):  # the loop: where it ends, a report waiting for its baseline iterations comes
+            _replace(module, "train", train, self._finishing(train))
+
+    def _finishing(self, train: Callable) -> Callable:
+        """upstream's train(), then the door's finish(): on its return, and on the sys.exit() its exit conditions
+        (--exit-interval, --exit-duration-in-mins, a signal, the kill switch) make on every rank alike."""
+        @functools.wraps(train)
+        def finishing_train(*args, **kwargs):
+            try:
+                result = train(*args, **kwargs)
+            except SystemExit:
+                if self.door is not None:
+                    self.door.finish()
+                raise
+            if self.door is not None:
+                self.door.finish()
+            return result
+
+        return finishing_train
 
     def door_of(self, args: Namespace, global_vars: ModuleType):
         """The run's one door, made on first use from upstream's parsed arguments."""

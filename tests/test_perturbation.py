@@ -4,6 +4,7 @@ IterationTiming); the schedule that decides which iteration counts, which is pro
 clock (patches/profiler/one_step.py)."""
 import pytest
 
+from patches.partition.planner import Basis
 from patches.profiler.context import IterationTiming
 from patches.profiler.files import validate_report
 from patches.profiler.one_step import (
@@ -11,12 +12,13 @@ from patches.profiler.one_step import (
     PROFILE,
     TIME,
     WINDOW,
+    Baseline,
     IterationClock,
     ProfileSchedule,
     counting_announcement,
 )
 from patches.profiler.printer import format_report
-from patches.profiler.report import build_report
+from patches.profiler.report import build_report, plan_basis
 from tests.test_profiler_report import DP, MICRO_BATCH_SIZE, MICRO_BATCHES, PP, SEQ, TP, make_context, rank_entries
 
 PEAK = 0.5
@@ -45,6 +47,49 @@ def test_clock_median_of_the_iterations_before_leaving_out_warm_up():
     assert clock.unprofiled_before(4) == (2.0, [2, 3])  # iteration 1, the warm-up, left out
     assert clock.unprofiled_before(2) == (9.0, [1])  # unless it is the only one
     assert clock.unprofiled_before(1) == (None, [])
+
+
+def test_the_baseline_is_the_steady_iterations_after_the_profiled_one_where_they_ran():
+    clock = IterationClock()
+    for iteration, seconds in ((1, 9.0), (2, 4.0), (3, 5.0), (4, 2.0), (5, 3.0), (6, 2.5)):
+        clock.record(iteration, seconds)
+    clock.mark_perturbed(2)  # the counting pass
+    clock.mark_perturbed(3)  # the profiled iteration
+    assert clock.baseline(3) == Baseline(2.5, [4, 5, 6], (3.0 - 2.0) / 2.5, None)
+    for iteration in range(7, 12):
+        clock.record(iteration, 1.0)
+    assert clock.baseline(3).iterations == [4, 5, 6, 7, 8]  # up to WINDOW
+
+
+def test_a_baseline_of_the_warm_up_alone_or_of_nothing_says_so():
+    clock = IterationClock()
+    clock.record(1, 9.0)
+    clock.record(2, 4.0)
+    clock.mark_perturbed(2)
+    warm_up = clock.baseline(2)
+    assert (warm_up.median_s, warm_up.iterations, warm_up.spread) == (9.0, [1], None)
+    assert warm_up.note.startswith("the only unprofiled iteration timed is iteration 1, the run's first: it includes "
+                                   "warm-up")
+    assert clock.baseline(1) == Baseline(None, [], None, "no unprofiled iteration was timed: the rates are over the "
+                                                          "profiled iteration")
+    before = IterationClock()
+    for iteration in (1, 2, 3):
+        before.record(iteration, float(iteration))
+    assert before.baseline(4) == Baseline(2.5, [2, 3], 1 / 2.5, None)  # past the warm-up: steady enough, unsaid
+
+
+def test_the_plan_scales_its_times_to_a_steady_baseline_and_says_when_it_cannot():
+    steady = IterationTiming(2.0, 1.6, [4, 5, 6], unprofiled_spread=0.05)
+    assert plan_basis(steady) == Basis(0.8, (4, 5, 6), 0.05, None)
+    warm_up = IterationTiming(2.0, 3.0, [1], baseline_note="warm-up")
+    assert plan_basis(warm_up) == Basis(1.0, (1,), None, "warm-up")  # not scaled to a warm-up iteration
+    assert plan_basis(None) == Basis(note="no iteration was timed unprofiled")
+    report = build_report(rank_entries(), make_context(timing=IterationTiming(2.5, 2.0, [4, 5, 6],
+                                                                              unprofiled_spread=0.1)))
+    assert report["perturbation"]["warming_up_note"].startswith("the profiled iteration took 1.25x the steady "
+                                                                "unprofiled ones: it was still warming up")
+    quick = build_report(rank_entries(), make_context(timing=IterationTiming(2.1, 2.0, [4, 5, 6])))
+    assert quick["perturbation"]["warming_up_note"] is None  # 5% is the profiler's own cost
 
 
 def test_clock_times_the_step_and_returns_its_result():
@@ -111,7 +156,7 @@ def test_without_unprofiled_iterations_the_rates_stay_the_profiled_ones(report):
     assert perturbation["ratio"] is None and perturbation["log_line_tflops"] is None
     assert perturbation["log_line_note"] is None
     text = format_report(report)
-    assert "n/a: none ran before the profiled one" in text
+    assert "n/a: none was timed" in text
     assert "/ iter latency / (pp * tp):" in text
     validate_report(report)
 

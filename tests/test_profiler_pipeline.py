@@ -55,12 +55,20 @@ def test_flops_and_params_exact(profiled):
 
 
 def test_report_states_its_perturbation(profiled):
-    """Iteration 3 profiled, its FLOPs counted in iteration 2: iteration 1, the only unprofiled one before it,
-    is the unprofiled time; the rates and the training log line's TFLOPs come from it."""
+    """Iteration 3 profiled, its FLOPs counted in iteration 2; iteration 1, the only unprofiled one before it, is the
+    warm-up: the report waits for iterations 4-6, the unprofiled time; the rates and the training log line's TFLOPs
+    come from it, and the plan's times are scaled to it."""
     process, _, report = profiled
     totals, perturbation = report["totals"], report["perturbation"]
     unprofiled, profiled_s = perturbation["unprofiled_iter_s"], perturbation["profiled_iter_s"]
-    assert perturbation["unprofiled_iterations"] == [1]
+    assert perturbation["unprofiled_iterations"] == [4, 5, 6] and perturbation["baseline_note"] is None
+    basis = report["partition_plan"]["basis"]
+    assert basis["iterations"] == [4, 5, 6] and basis["time_scale"] == unprofiled / profiled_s
+    assert basis["spread"] == perturbation["unprofiled_spread"] > 0 and basis["note"] is None
+    output = process.stdout + process.stderr
+    # printed after iteration 6 has run (its log line comes after the door's train step), before iteration 7's
+    assert output.index(" iteration        5/") < output.index("Profile Summary at step 3:") \
+        < output.index(" iteration        6/")
     assert unprofiled > 0 and profiled_s > 0
     assert perturbation["ratio"] == profiled_s / unprofiled
     assert totals["throughput_basis"] == "unprofiled" and totals["throughput_iter_s"] == unprofiled
@@ -70,7 +78,6 @@ def test_report_states_its_perturbation(profiled):
     args.padded_vocab_size = padded_vocab_size(args.synthetic_vocab_size, args)
     assert perturbation["log_line_flops"] == upstream_flops_per_iteration(args)
     assert perturbation["log_line_tflops"] == perturbation["log_line_flops"] / (unprofiled * 4) / 1e12
-    output = process.stdout + process.stderr
     assert f"perturbation = profiled / unprofiled:{' ' * 35}  {perturbation['ratio']:.3f}" in output
     assert perturbation["log_line_note"] in output
 

@@ -129,33 +129,50 @@ def plan_parts_of(replica: List[dict]) -> Optional[List[int]]:
     return next((entry.get("parts") for entry in replica if entry.get("parts")), None)
 
 
+@dataclass(frozen=True)
+class Basis:
+    """What a plan's times rest on: the steady iteration they are scaled to, and how steady it was."""
+    time_scale: float = 1.0  # the measured layer times x this: unprofiled / profiled iteration, on one clock
+    iterations: Tuple[int, ...] = ()  # the unprofiled iterations the iteration time is the median of
+    spread: Optional[float] = None  # (slowest - fastest) / median of those
+    note: Optional[str] = None  # why the basis is weak (a warm-up baseline, none), or None
+
+    def as_dict(self) -> dict:
+        return {"time_scale": self.time_scale, "iterations": list(self.iterations), "spread": self.spread,
+                "note": self.note}
+
+
 def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
-                   micro_batches: int) -> Optional[dict]:
+                   micro_batches: int, basis: Basis = Basis()) -> Optional[dict]:
     """The best contiguous partition of the measured layers over the stages that ran, and what it predicts
     (above), beside the partition that ran; None without a layer table (or with one stage)."""
     if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
         return None
-    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches)
+    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis=basis)
 
 
 def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
-                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None
-                    ) -> Optional[dict]:
+                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None,
+                    basis: Optional[Basis] = None) -> Optional[dict]:
     """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
-    cut_at: the prediction for these parts instead of the best ones."""
+    cut_at: the prediction for these parts instead of the best ones. basis.time_scale scales every measured
+    time (the layers' and the stages' overheads, `overheads` as measured) to the steady iteration `iter_s`."""
     ran = len(parts) - 1
     pp = len(cut_at) - 1 if cut_at else pp or ran
     if len(layers) < pp or shared_on_one_stage(layers):
         return None
-    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row)) for row in layers]
-    current = [sum(cost.seconds for cost in costs if cost.stage == s) + overheads[s] for s in range(ran)]
-    best = predict(costs, parts, overheads, iter_s, micro_batches, cut_at) if cut_at else \
-        plan(costs, parts, overheads, iter_s, micro_batches, pp)
+    scale = basis.time_scale if basis is not None else 1.0
+    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * scale) for row in layers]
+    scaled_overheads = [overhead * scale for overhead in overheads]
+    current = [sum(cost.seconds for cost in costs if cost.stage == s) + scaled_overheads[s] for s in range(ran)]
+    best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, cut_at) if cut_at else \
+        plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp)
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
             "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
             "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
-            "predicted_change": best.predicted_iter_s / iter_s - 1, "predicted_bubble": best.predicted_bubble}
+            "predicted_change": best.predicted_iter_s / iter_s - 1, "predicted_bubble": best.predicted_bubble,
+            "basis": basis.as_dict() if basis is not None else None}
 
 
 def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None) -> dict:
@@ -171,8 +188,11 @@ def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[in
             f"layers {' and '.join(str(i) for i in shared[0])} of the profile report ran one tied module on one "
             "stage: their times cannot be told apart, so no plan is made from it (profile a partition that puts "
             "them on different stages)")
+    stored = plan.get("basis")  # None in a report from before plans had one
+    basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"]) \
+        if stored else None
     return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
-                           cut_at)
+                           cut_at, basis)
 
 
 def _as_ran(plan: dict) -> str:
@@ -182,14 +202,25 @@ def _as_ran(plan: dict) -> str:
 
 def plan_line(plan: dict) -> str:
     """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...' (the printer's line
-    under the layer table, and megatron-plan-partition's)."""
+    under the layer table, and megatron-plan-partition's), then what its times rest on."""
     current = _as_ran(plan)
     if plan["parts"] == plan["current_parts"]:
         return f"partition: {current}, already the best contiguous one for these layers' measured times"
     return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
             f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
             f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
-            f"{100 * plan['predicted_change']:+.1f}%")
+            f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}")
+
+
+def basis_words(basis: Optional[dict]) -> str:
+    """'' for a plan without a basis (a report from before it); else how sure its times are, in a few words."""
+    if not basis:
+        return ""
+    if basis.get("note"):
+        return f" (unsure: {basis['note']})"
+    iterations = basis["iterations"]
+    spread = f", spread {100 * basis['spread']:.1f}%" if basis.get("spread") is not None else ""
+    return f" (over iterations {', '.join(map(str, iterations))}{spread})"
 
 
 def what_if_line(plan: dict) -> str:
@@ -199,7 +230,8 @@ def what_if_line(plan: dict) -> str:
     return (f"partition: {_as_ran(plan)}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) "
             f"stage {bounding} bounds at {duration_to_string(plan['bound_s'])}, iteration "
             f"{duration_to_string(plan['predicted_iter_s'])} predicted against "
-            f"{duration_to_string(plan['measured_iter_s'])} measured, {100 * plan['predicted_change']:+.1f}%")
+            f"{duration_to_string(plan['measured_iter_s'])} measured, {100 * plan['predicted_change']:+.1f}%"
+            f"{basis_words(plan.get('basis'))}")
 
 
 def _parts_from_layers(layers):

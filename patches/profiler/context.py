@@ -44,6 +44,10 @@ class IterationTiming:
     # the iteration before, where the FLOPs were counted (the report's flops_counting); None: counted in it
     counting_iter_s: Optional[float] = None
     clock: str = CLOCK
+    # (slowest - fastest) / median of the unprofiled iterations: how steady the baseline is (None under two)
+    unprofiled_spread: Optional[float] = None
+    # why the baseline is weaker than steady iterations after the profiled one (one line), or None
+    baseline_note: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ holds pp x tp entries and world samples. Every step runs over gloo groups made o
 failed to build its entry, so a failure is named to every rank instead of hanging one.
 """
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from patches.profiler.context import ReportContext
+from patches.profiler.context import IterationTiming, ReportContext
 from patches.profiler.entry import RankEntry
 from patches.profiler.layout import EngineLayout
 from patches.profiler.report import build_report
@@ -112,6 +112,8 @@ class _Failure:
 class GatherResult:
     report: dict
     replica_entries: Optional[List[dict]]  # on global rank 0 only: replica 0's entries (for the trace)
+    samples: Optional[List[RankSample]] = None  # on global rank 0 only: every rank's sample (rebuild_report)
+    context: Optional[ReportContext] = None  # on global rank 0 only: what the report was built with
 
 
 def gather_report(layout: EngineLayout, groups: ReportGroups, entry: Union[RankEntry, Exception],
@@ -153,7 +155,26 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, entry: Union[RankE
     if kind == "error":
         message, failed, reason = value
         raise ReportError(message, failed, reason)
-    return GatherResult(value, replica if rank == 0 else None)
+    if rank == 0:
+        return GatherResult(value, replica, samples, context)
+    return GatherResult(value, None)
+
+
+def rebuild_report(gathered: GatherResult, timing: IterationTiming, groups: ReportGroups) -> dict:
+    """Collective over every rank: the report rank 0 gathered, built again over another timing (its entries and
+    samples as gathered), broadcast. A failure here is rank 0's alone and reaches every rank."""
+    outcome = [None]
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = ("ok", build_report(gathered.replica_entries, replace(gathered.context, timing=timing),
+                                             gathered.samples))
+        except Exception as e:
+            outcome[0] = ("error", f"the profile report was not built again: rank 0 failed: {error_summary(e)}")
+    dist.broadcast_object_list(outcome, src=0, group=groups.world)
+    kind, value = outcome[0]
+    if kind == "error":
+        raise ReportError(value, [0], value)
+    return value
 
 
 def gather_replica(payload: object, layout: EngineLayout, groups: ReportGroups) -> Optional[List[object]]:

@@ -25,7 +25,9 @@ NOTES = {
                "bounding stage",
     "bounding_stage": "bounding stage = the stage with the largest fwd + bwd + step time",
     "iter_latency_s": "iter latency = largest stage train_batch time (wall time of the iteration)",
-    "perturbation": "perturbation = profiled iteration / median of the unprofiled iterations before it, both wall "
+    "perturbation": "perturbation = profiled iteration / median of the unprofiled iterations after it (a Megatron "
+                    "loop prints its report once 3 have run, or at its end), else before it past the warm-up "
+                    "(the run's first iteration, used alone only where nothing else ran, and then said), both wall "
                     "time (time.time()) around the train step on rank 0; the rates below use the "
                     "unprofiled time where the run measured one (unprofiled iter time), else iter latency; "
                     "the counting iteration (the one before, where the FLOPs were counted) is timed on the same "

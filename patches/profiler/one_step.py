@@ -19,11 +19,15 @@ train_step) run each iteration through run(); the DeepSpeed config's flops_profi
 step from its first forward (begin) to the step() that ends it (end). Each door delivers what end() returns;
 the schedule calls nothing of theirs but the iteration itself.
 
+The baseline: the unprofiled iterations after N where any ran (a door may hold N's report until `settle` of them
+have run, or the run's last iteration, or its flush(): the Megatron door waits for STEADY_AFTER), else those
+before N past the warm-up; the run's first iteration alone, or none, is said in the report (Baseline.note).
+
 Iterations are numbered by the door, by one convention (numbering.py).
 """
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -44,6 +48,18 @@ COUNT, PROFILE, TIME = "count", "profile", "time"
 
 # Unprofiled iterations the baseline median is taken over: the last ones before the profiled iteration.
 WINDOW = 5
+# Unprofiled iterations after the profiled one that a door's report waits for (ProfileSchedule's `settle`): a
+# run profiled early (DeepSpeed's profile_step defaults to 1) has only warm-up iterations before it.
+STEADY_AFTER = 3
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The unprofiled iterations a profiled one is compared with (IterationClock.baseline)."""
+    median_s: Optional[float]  # None: no unprofiled iteration was timed
+    iterations: List[int]
+    spread: Optional[float]  # (slowest - fastest) / median; None under two iterations
+    note: Optional[str]  # why it is weaker than steady iterations, or None
 
 
 class IterationClock:
@@ -83,6 +99,31 @@ class IterationClock:
             return None, []
         return statistics.median(self.seconds[i] for i in ran), ran
 
+    def unprofiled_after(self, step: int) -> List[int]:
+        """The unprofiled iterations timed after `step`, in order."""
+        return sorted(i for i in self.seconds if i > step and i not in self.perturbed)
+
+    def baseline(self, step: int) -> Baseline:
+        """What the profiled iteration `step` is compared with: the unprofiled iterations after it where any ran
+        (up to WINDOW: past the warm-up and the counting pass), else unprofiled_before(step), said where that is
+        the process's first iteration alone (warm-up) or nothing."""
+        ran = self.unprofiled_after(step)[:WINDOW]
+        note = None
+        if not ran:
+            ran = self.unprofiled_before(step)[1]
+            if ran == [self.first]:
+                note = (f"the only unprofiled iteration timed is iteration {self.first}, the run's first: it "
+                        "includes warm-up, so the rates and the plan rest on it (time a few iterations after the "
+                        "profiled one for a steady baseline)")
+            elif not ran:
+                note = "no unprofiled iteration was timed: the rates are over the profiled iteration"
+        if not ran:
+            return Baseline(None, [], None, note)
+        times = [self.seconds[i] for i in ran]
+        median = statistics.median(times)
+        spread = (max(times) - min(times)) / median if len(times) > 1 and median > 0 else None
+        return Baseline(median, ran, spread, note)
+
 
 def counting_announcement(profile_step: int, counting: str, first_done: Optional[int],
                           shapes_change: Optional[str] = None) -> str:
@@ -112,15 +153,26 @@ class _OpenIteration:
     counted: Optional[CountingPass] = None  # the profiled iteration's counting pass (None: it counts itself)
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """The profiled iteration, gathered, until the unprofiled iterations after it are timed."""
+    iteration: int
+    profiled_s: float
+    counting_s: Optional[float]
+    reports: Optional[GatheredReports]
+
+
 class ProfileSchedule:
     """Which iteration counts, which is profiled and reported, which is only timed (see the module docstring)."""
 
     def __init__(self, profile_step: Optional[int], counting: str = COUNT_IN_PREVIOUS,
-                 shapes_change: Optional[str] = None, last_iteration: Optional[int] = None):
+                 shapes_change: Optional[str] = None, last_iteration: Optional[int] = None, settle: int = 0):
         """profile_step: the iteration to profile (None: none; every iteration is only timed), in the door's
         numbering. shapes_change: None, or why the run's iterations differ in shape (curriculum learning, ...),
         known before it starts: then the profiled iteration counts in itself, whatever `counting` asks.
-        last_iteration: the run's last iteration, where known."""
+        last_iteration: the run's last iteration, where known. settle: unprofiled iterations after the profiled
+        one its report waits for (its baseline; 0: none, the report comes at the profiled iteration's end); it
+        comes sooner at last_iteration, or when the door asks (flush())."""
         if counting not in COUNTING_CHOICES:
             raise ValueError(f"counting must be one of {COUNTING_CHOICES}, not {counting!r}")
         self.profile_step = profile_step
@@ -130,9 +182,11 @@ class ProfileSchedule:
             if shapes_change and counting == COUNT_IN_PREVIOUS else None
         self.last_iteration = last_iteration
         self.shapes_change = shapes_change
+        self.settle = settle
         self.clock = IterationClock()
         self._counted: Optional[CountingPass] = None  # the counting pass, until the iteration after it
         self._open: Optional[_OpenIteration] = None
+        self._waiting: Optional[_Waiting] = None  # the profiled iteration's report, until its baseline is timed
 
     def announcement(self, first_done: Optional[int]) -> str:
         """counting_announcement of this schedule, said before the run."""
@@ -195,22 +249,47 @@ class ProfileSchedule:
         self.clock.record(opened.iteration, seconds)
         measurement = opened.measurement
         if measurement is None:
-            return None
+            return self._when_settled(opened.iteration)
         self.clock.mark_perturbed(opened.iteration)
         if opened.role == COUNT:
             measurement.detach()
             self._counted = CountingPass(opened.iteration, measurement.module_profiler)
             return None
         entry = measurement.finish()  # every hook off the engine; what it measured stays readable
-        unprofiled_s, unprofiled = self.clock.unprofiled_before(opened.iteration)
         counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
-        timing = IterationTiming(seconds, unprofiled_s, unprofiled, counting_s)
-        reports = GatheredReports.gathered(measurement, entry, opened.iteration, timing, self.counting_note)
+        waiting = _Waiting(opened.iteration, seconds, counting_s, None)
+        reports = GatheredReports.gathered(measurement, entry, opened.iteration, self._timing(waiting),
+                                           self.counting_note)
         counting = reports.ready()["flops_counting"]  # broadcast: every rank decides alike
         if counting["calls_differ"]:
             self._count_again(opened.iteration, counting["counted_iteration"], counting["calls_differ"])
             return None
-        return reports
+        self._waiting = replace(waiting, reports=reports)
+        return self._when_settled(opened.iteration)
+
+    def _timing(self, waiting: "_Waiting") -> IterationTiming:
+        baseline = self.clock.baseline(waiting.iteration)
+        return IterationTiming(waiting.profiled_s, baseline.median_s, baseline.iterations, waiting.counting_s,
+                               unprofiled_spread=baseline.spread, baseline_note=baseline.note)
+
+    def _when_settled(self, iteration: int) -> Optional[GatheredReports]:
+        """The waiting report, once `settle` unprofiled iterations after it have run, or at the run's last."""
+        if self._waiting is None:
+            return None
+        settled = len(self.clock.unprofiled_after(self._waiting.iteration)) >= self.settle
+        if settled or (self.last_iteration is not None and iteration >= self.last_iteration):
+            return self.flush()
+        return None
+
+    def flush(self) -> Optional[GatheredReports]:
+        """The profiled iteration's report now, over the unprofiled iterations timed so far (collective: every rank
+        of the run calls it at the same point, the door at its loop's end); None where none is waiting."""
+        waiting, self._waiting = self._waiting, None
+        if waiting is None:
+            return None
+        if self.clock.unprofiled_after(waiting.iteration):  # built at the profiled iteration without them
+            waiting.reports.restate(self._timing(waiting))
+        return waiting.reports
 
     def _count_again(self, iteration: int, counted: int, differ: List[str]) -> None:
         """The profiled iteration ran other module calls or input shapes than the counting one: its FLOPs are not

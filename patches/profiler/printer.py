@@ -73,18 +73,23 @@ def _perturbation_lines(report, line):
         counted = report["flops_counting"]["counted_iteration"]
         lines.append(line(f"counting iteration {counted} (wall, the train step, its FLOPs counted)",
                           duration_to_string(counting_s)))
+    note = perturbation.get("baseline_note")
     if perturbation["unprofiled_iter_s"] is None:
-        return lines + [line("unprofiled iteration", "n/a: none ran before the profiled one; rates below are "
-                                                     "the profiled iteration's")]
+        return lines + [line("unprofiled iteration", "n/a: none was timed; rates below are the profiled "
+                                                     "iteration's")]
     iterations = perturbation["unprofiled_iterations"]
     which = f"{iterations[0]}-{iterations[-1]}" if len(iterations) > 1 else f"{iterations[0]}"
+    spread = perturbation.get("unprofiled_spread")
+    spread_words = f", spread {100 * spread:.1f}%" if spread is not None else ""
     lines += [
-        line(f"unprofiled iter time (median of iterations {which}, same clock)",
+        line(f"unprofiled iter time (median of iterations {which}{spread_words}, same clock)",
              duration_to_string(perturbation["unprofiled_iter_s"])),
         line("perturbation = profiled / unprofiled", f"{perturbation['ratio']:.3f}"),
     ]
     if perturbation.get("counting_ratio") is not None:
         lines.append(line("counting iteration / unprofiled", f"{perturbation['counting_ratio']:.3f}"))
+    lines.append(line("baseline", note or perturbation.get("warming_up_note")
+                      or "steady: unprofiled iterations past the warm-up and the counting one"))
     return lines
 
 

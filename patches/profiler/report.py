@@ -26,9 +26,9 @@ report carries:
 """
 from typing import Dict, List, Optional, Tuple
 
-from patches.partition.planner import partition_plan, plan_parts_of
+from patches.partition.planner import Basis, partition_plan, plan_parts_of
 from patches.partition.table import layer_table
-from patches.profiler.context import ReportContext
+from patches.profiler.context import IterationTiming, ReportContext
 from patches.profiler.instructions import (
     BACKWARD_INSTRUCTIONS,
     COMM_INSTRUCTIONS,
@@ -398,11 +398,38 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
                                   _schedule_of(replica)) if span else None,
         "stages": stages,
         "layers": layers,
-        "partition_plan": partition_plan(stages, layers, plan_parts_of(replica), rate_s, int(context.micro_batches)),
+        "partition_plan": partition_plan(stages, layers, plan_parts_of(replica), rate_s, int(context.micro_batches),
+                                         plan_basis(timing)),
         "model_tree": model_tree,
         "stragglers": straggler_view(samples, pp, dp),
         "notes": notes,
     }
+
+
+# A profiled iteration this much slower than the steady unprofiled ones was still warming up (the profiler's own
+# cost is a few percent: docs/benchmarks.md).
+WARMING_UP_RATIO = 1.10
+
+
+def plan_basis(timing: Optional[IterationTiming]) -> Basis:
+    """What the plan's times rest on: scaled from the profiled iteration to the steady unprofiled ones where the
+    baseline is steady; unscaled, and said, where it is not (warm-up alone, or none)."""
+    if timing is None:
+        return Basis(note="no iteration was timed unprofiled")
+    unprofiled = timing.unprofiled_iter_s
+    if timing.baseline_note is not None or not unprofiled:
+        return Basis(iterations=tuple(timing.unprofiled_iterations), spread=timing.unprofiled_spread,
+                     note=timing.baseline_note or "no iteration was timed unprofiled")
+    return Basis(unprofiled / timing.profiled_iter_s, tuple(timing.unprofiled_iterations), timing.unprofiled_spread)
+
+
+def _warming_up_note(timing) -> Optional[str]:
+    unprofiled = timing.unprofiled_iter_s
+    if not unprofiled or timing.baseline_note is not None or timing.profiled_iter_s <= WARMING_UP_RATIO * unprofiled:
+        return None
+    return (f"the profiled iteration took {timing.profiled_iter_s / unprofiled:.2f}x the steady unprofiled ones: it "
+            "was still warming up (the profiler's own cost is a few percent); the plan scales its measured times "
+            "to the steady iterations")
 
 
 def _perturbation(timing, context, report_tflops, measured_flops):
@@ -427,6 +454,9 @@ def _perturbation(timing, context, report_tflops, measured_flops):
         "log_line_tflops": log_tflops,
         "log_line_note": log_line_note(log_tflops, report_tflops, log_flops, measured_flops)
         if log_tflops is not None else None,
+        "unprofiled_spread": timing.unprofiled_spread,
+        "baseline_note": timing.baseline_note,
+        "warming_up_note": _warming_up_note(timing),
     }
 
 

@@ -24,7 +24,7 @@ from patches.profiler import store_exchange
 from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
 from patches.profiler.entry import RankEntry
 from patches.profiler.files import write_text
-from patches.profiler.gather import ReportGroups, gather_replica, gather_report
+from patches.profiler.gather import GatherResult, ReportGroups, gather_replica, gather_report, rebuild_report
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.numbering import running_iteration
@@ -74,6 +74,7 @@ class GatheredReports:
         self._report: Optional[dict] = None
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
         self._entry: Union[RankEntry, Exception, None] = None  # the rank's entry, taken already (gathered())
+        self._gathered: Optional[GatherResult] = None  # what the last report() gathered (restate() rebuilds it)
 
     @classmethod
     def gathered(cls, measurement: StageMeasurement, entry: Union[RankEntry, Exception], step: int,
@@ -114,9 +115,20 @@ class GatheredReports:
                                            measurement.skipped_steps_before, counting_note=self.counting_note)
             except Exception as error:
                 entry = error
-            result = gather_report(measurement.layout, self._groups(), entry, context)
-            self._report, self._entries = result.report, result.replica_entries
+            self._gathered = gather_report(measurement.layout, self._groups(), entry, context)
+            self._report, self._entries = self._gathered.report, self._gathered.replica_entries
         return self._report
+
+    def restate(self, timing: IterationTiming) -> None:
+        """Collective: the report gathered already, built again over another timing (ProfileSchedule: the steady
+        unprofiled iterations after the profiled one, timed once it had run), on every rank."""
+        self.timing = timing
+        self._report = rebuild_report(self._gathered, timing, self._groups())
+
+    @property
+    def step(self) -> int:
+        """The step the report is labelled with (gathered already)."""
+        return self._report["step"]
 
     def _groups(self) -> ReportGroups:
         """The engine's report groups, made on its first report (collective: every rank is in report())."""

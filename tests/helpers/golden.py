@@ -22,11 +22,11 @@ EXACT_FLOATS = {"measured_over_analytic", "peak_tflops", "ideal_fraction", "log_
 # Values that a clock decides although they are not floats.
 # (The partition plan's parts, and the stage that bounds the partition that ran, follow the layers' times.)
 DECIDED_BY_TIME = {"bounding_stage", "slowest_dp_rank", "slowest_ranks", "log_line_note", "parts",
-                   "current_bounding_stage"}
+                   "current_bounding_stage", "warming_up_note"}
 
 # Summary lines whose whole value is measured (a rate, a ratio, a sentence quoting them).
 _MEASURED_LINES = re.compile(r"^(perturbation = |counting iteration / unprofiled|samples/second|tokens/second|"
-                             r"training log line's TFLOPs|why they differ|\s*partition$)")
+                             r"training log line's TFLOPs|why they differ|baseline$|\s*partition$)")
 _TOP_BY_TIME = re.compile(r"^(\s+(?:fwd|bwd|recompute) latency\s+- ).*$")
 _DURATION = re.compile(r"\b\d+(?:\.\d+)? (?:s|ms|us)\b")
 _RATE = re.compile(r"\b\d+(?:\.\d+)? ?[KMGTPE]?FLOPS\b")
