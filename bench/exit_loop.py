@@ -6,7 +6,7 @@ Not part of CI: a launch takes 10 to 60 s on 2 cores.
     python bench/exit_loop.py --count 20 --upstream /path/to/Megatron-DeepSpeed \\
         --upstream-python /env-0.19.6/bin/python --upstream-python-016 /env-0.16.9/bin/python
 
-The doors, each a pp 2 run on CPU over gloo, profiling iteration 2 of 3:
+The doors, each a pipeline run on CPU over gloo (pp 2; the section's script pp 3), profiling iteration 2:
 - flag:    our pretrain_gpt.py --profile-flops-step 2 (a tiny GPT, activation checkpointing);
 - module:  the same under `deepspeed --module patches.launch` (what a user's checkout runs);
 - section: a plain DeepSpeed PipelineModule script with the config's flops_profiler section;
@@ -120,10 +120,12 @@ def launch_once(door, out, index):
     """One launch of a door: {door, rc, aborted, seconds}; the output kept in `out` when it went wrong."""
     name, python, launcher_args, script, cwd, extra_env = door
     port = free_port()
+    ranks = 3 if name == "section" else 2  # plain_pipeline.py's PipelineModule has 3 stages
     extensions = fresh_copy(Path(tempfile.mkdtemp(prefix="exit_loop_ext_")), python)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", PYTHONPATH=str(REPO),
-               TORCH_EXTENSIONS_DIR=str(extensions), **extra_env)
-    command = [str(Path(python).parent / "deepspeed"), "--num_gpus", "2", "--master_port", str(port),
+               TORCH_EXTENSIONS_DIR=str(extensions))
+    env.update(extra_env)  # the upstream doors' PYTHONPATH: the shim first
+    command = [str(Path(python).parent / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(port),
                *launcher_args, *[str(part) for part in script]]
     start = time.time()
     try:
