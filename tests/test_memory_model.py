@@ -1,14 +1,18 @@
 """partition/memory_model.py: each stage's predicted memory peak for any partition, from a report's terms, against
 sums done by hand."""
+import json
+
 import pytest
 
 from patches.partition.memory_model import (
     LayerMemory,
     PositionMemory,
+    memory_terms_of,
     positions_for,
     predict_peaks,
     stage_peak,
 )
+from tests.helpers.golden import GOLDEN
 
 # Four layers: an embedding (much state, small activations), two blocks, a head (big activations).
 LAYERS = [LayerMemory(0, state_bytes=4000, activation_bytes=10), LayerMemory(1, 1000, 300),
@@ -58,3 +62,19 @@ def test_bad_parts_and_an_unknown_schedule_elsewhere_are_refused():
     with pytest.raises(ValueError, match="ZeroBubbleH1Pipeline"):
         predict_peaks(LAYERS, [FIRST, LAST], [0, 1, 2, 4], 8, schedule="ZeroBubbleH1Pipeline")
     assert len(predict_peaks(LAYERS, [FIRST, LAST], [0, 1, 4], 8, schedule="ZeroBubbleH1Pipeline")) == 2
+
+
+def test_a_reports_terms_give_back_its_own_predicted_peaks():
+    report = json.loads((GOLDEN / "fork.report.json").read_text())
+    layers, positions = memory_terms_of(report)
+    parts = report["partition_plan"]["current_parts"]
+    peaks = predict_peaks(layers, positions, parts, report["parallelism"]["micro_batches"])
+    assert [p.predicted_peak_bytes for p in peaks] == [s["memory"]["predicted_peak_bytes"] for s in report["stages"]]
+    assert [p.state_bytes for p in peaks] == [s["memory"]["state_bytes"] for s in report["stages"]]
+
+
+def test_a_report_without_memory_has_no_terms():
+    report = json.loads((GOLDEN / "fork.report.json").read_text())
+    for stage in report["stages"]:
+        stage["memory"] = None
+    assert memory_terms_of(report) is None
