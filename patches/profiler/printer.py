@@ -277,8 +277,8 @@ def _memory(report):
                                                 f"{bytes_to_string(memory['step_transient_bytes'])}"),
             line("predicted peak = base + state + max(in flight x kept + compute transient, step transient)",
                  bytes_to_string(memory["predicted_peak_bytes"])),
-            line(f"measured peak (in {memory['measured_peak_instruction'] or 'no instruction'})",
-                 bytes_to_string(memory["measured_peak_bytes"])),
+            line("measured peak", f"{bytes_to_string(memory['measured_peak_bytes'])} (in "
+                                  f"{memory['measured_peak_instruction'] or 'no instruction'})"),
         ]
         if memory["optimizer_created_bytes"]:
             lines.append(line("optimizer state created in its step (a first step)",
