@@ -42,7 +42,7 @@ class KeptActivations:
         self.module = module
         self._excluded: Set[object] = set()
         self._layer: Optional[int] = None  # the layer running now
-        self._chunk: Optional[List[Optional[int]]] = None  # [first layer] of the checkpointed chunk running now
+        self._chunk: Optional[_Chunk] = None  # the checkpointed chunk running now
         self._seen: Set[object] = set()  # storages counted in this micro-batch
         self._micro_batches: List[Dict[Optional[int], int]] = []  # per forward: layer (None: outside) -> bytes
         self._recompute: Dict[int, int] = {}
@@ -102,8 +102,8 @@ class KeptActivations:
         def run(*args, **kwargs):
             outer, outer_call = self._layer, self._recompute_call
             self._layer = index
-            if self._chunk is not None and self._chunk[0] is None:
-                self._chunk[0] = index
+            if self._chunk is not None and self._chunk.first is None:
+                self._chunk.first = index
             recomputing = _graph_task_id() != -1
             if recomputing:
                 self._recompute_call = [set(), 0]
@@ -117,14 +117,14 @@ class KeptActivations:
 
     def _chunk_proxy(self, checkpoint: Callable[..., Any]) -> Callable[..., Any]:
         def run(function, *args, **kwargs):
-            outer, self._chunk = self._chunk, [None]
+            outer, self._chunk = self._chunk, _Chunk()
             try:
                 return checkpoint(function, *args, **kwargs)
             finally:
-                first, self._chunk = self._chunk[0], outer
+                chunk, self._chunk = self._chunk, outer
                 if _graph_task_id() == -1:  # the checkpoint keeps its inputs till its backward
-                    for tensor in _tensors(args) + _tensors(list(kwargs.values())):
-                        self._count(tensor, first)
+                    for tensor in chunk.saved + _tensors(args) + _tensors(list(kwargs.values())):
+                        self._count(tensor, chunk.first)
         return run
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,10 @@ class KeptActivations:
                 call[0].add(key)
                 call[1] += tensor.untyped_storage().nbytes()
             return tensor
-        self._count(tensor, self._layer if self._layer is not None else self._chunk[0] if self._chunk else None)
+        if self._layer is None and self._chunk is not None:
+            self._chunk.saved.append(tensor)  # the chunk's, counted once its first layer is known
+        else:
+            self._count(tensor, self._layer)
         return tensor
 
     def _count(self, tensor: torch.Tensor, layer: Optional[int]) -> None:
@@ -152,6 +155,14 @@ class KeptActivations:
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+@dataclass
+class _Chunk:
+    """A checkpointed chunk while it runs: its first layer, and what was saved in it outside its layers (a
+    checkpoint may save its inputs before its first layer runs)."""
+    first: Optional[int] = None
+    saved: List[torch.Tensor] = field(default_factory=list)
 
 
 def _tensors(values: Sequence[Any]) -> List[torch.Tensor]:
