@@ -181,7 +181,8 @@ class UpstreamRun:
         from patches.profiler.attachment import attached
         from patches.registry import REGISTRY
 
-        trained = attached(self.trained()) if self.trained is not None and self.trained() is not None else None
+        engine = self.trained() if self.trained is not None else None
+        trained = attached(engine) if engine is not None else None
         attachments = ([trained] if trained is not None else []) + [a for a in REGISTRY.attachments if a is not trained]
         for attachment in attachments:
             if attachment.measurement is not None:

@@ -118,28 +118,16 @@ class StageMeasurement:
         if not self.started:
             return
         self._window[1] = self._clock()
-        self.module_profiler.stop()
-        if self.counted is not None:
-            self.calls_differ = self.module_profiler.adopt_counts(self.counted.module_profiler)
+        counted = self.counted.module_profiler if self.counted is not None else None
+        self.calls_differ = self.module_profiler.stop(adopt_from=counted)
         self.started = False
 
     def finish(self) -> Union[RankEntry, Exception]:
-        """The measured iteration's end: stop, take the counting pass's FLOPs, remove every hook (as detach()), and
-        return this rank's entry, or the error building it raised (a collective report still needs this rank's
-        part)."""
-        if self.started:
-            self._window[1] = self._clock()
-            counted = self.counted.module_profiler if self.counted is not None else None
-            self.calls_differ = self.module_profiler.finish(counted)  # its hooks removed too
-            self.started = False
-            entry = self.entry_or_error()
-            if self.hooks is not None:
-                self.hooks.remove()
-        else:
-            entry = self.entry_or_error()
-            self._remove_hooks()
-        if self.attachment.measurement is self:
-            self.attachment.measurement = None
+        """The measured iteration's end: stop(), this rank's entry, detach(). Returns the entry, or the error building
+        it raised (a collective report still needs this rank's part)."""
+        self.stop()
+        entry = self.entry_or_error()
+        self.detach()
         return entry
 
     def detach(self) -> None:

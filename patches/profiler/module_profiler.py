@@ -7,7 +7,6 @@
     prof.tree()            # the report schema's module node, inclusive, plus *_other_flops and *_calls
     prof.events()          # [(path, type, depth, phase, start, end)]: when each module was active, for the trace
     prof.remove()          # every hook gone: the module runs exactly as before
-    # or, at one measured iteration's end: prof.finish(counting_pass) stops, takes a counting pass's FLOPs, removes
 
 How it measures, one part per file (each file's docstring says how):
 - module_tree.py: one node per module (a module reachable twice appears once, each parameter counts once),
@@ -83,27 +82,20 @@ class ModuleProfiler:
             self._mode.__enter__()
         self._hooks.start()
 
-    def stop(self) -> None:
-        """Stop counting; counts stay readable. Hooks stay installed but do nothing until start()."""
-        if not self._hooks.measuring:
-            return
-        self._hooks.stop()
-        if self._mode is not None:
-            self._mode.__exit__(None, None, None)
-        self._stack.clear()
+    def stop(self, adopt_from: Optional["ModuleProfiler"] = None) -> List[str]:
+        """Stop counting; counts stay readable. Hooks stay installed but do nothing until start(). adopt_from: a
+        counting pass whose FLOPs to take (adopt_counts, whose list of calls that differ is returned; [] without)."""
+        if self._hooks.measuring:
+            self._hooks.stop()
+            if self._mode is not None:
+                self._mode.__exit__(None, None, None)
+            self._stack.clear()
+        return self.adopt_counts(adopt_from) if adopt_from is not None else []
 
     def remove(self) -> None:
         """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
         self.stop()
         self._hooks.remove()
-
-    def finish(self, counted: Optional["ModuleProfiler"] = None) -> List[str]:
-        """The measured iteration is over: stop, take the FLOPs of `counted` where given (adopt_counts, whose list
-        of calls that differ it returns; [] without one), and remove every hook. The counts stay readable."""
-        self.stop()
-        differ = self.adopt_counts(counted) if counted is not None else []
-        self.remove()
-        return differ
 
     def reset(self) -> None:
         self._tree.zero_counts()

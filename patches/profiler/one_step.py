@@ -27,7 +27,7 @@ Iterations are numbered by the door, by one convention (numbering.py).
 """
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -157,9 +157,7 @@ class _OpenIteration:
 class _Waiting:
     """The profiled iteration, gathered, until the unprofiled iterations after it are timed."""
     iteration: int
-    profiled_s: float
-    counting_s: Optional[float]
-    reports: Optional[GatheredReports]
+    reports: GatheredReports
 
 
 class ProfileSchedule:
@@ -257,19 +255,19 @@ class ProfileSchedule:
             return None
         entry = measurement.finish()  # every hook off the engine; what it measured stays readable
         counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
-        waiting = _Waiting(opened.iteration, seconds, counting_s, None)
-        reports = GatheredReports.gathered(measurement, entry, opened.iteration, self._timing(waiting),
-                                           self.counting_note)
+        reports = GatheredReports.gathered(measurement, entry, opened.iteration,
+                                           self._timing(opened.iteration, seconds, counting_s), self.counting_note)
         counting = reports.ready()["flops_counting"]  # broadcast: every rank decides alike
         if counting["calls_differ"]:
             self._count_again(opened.iteration, counting["counted_iteration"], counting["calls_differ"])
             return None
-        self._waiting = replace(waiting, reports=reports)
+        self._waiting = _Waiting(opened.iteration, reports)
         return self._when_settled(opened.iteration)
 
-    def _timing(self, waiting: "_Waiting") -> IterationTiming:
-        baseline = self.clock.baseline(waiting.iteration)
-        return IterationTiming(waiting.profiled_s, baseline.median_s, baseline.iterations, waiting.counting_s,
+    def _timing(self, iteration: int, profiled_s: float, counting_s: Optional[float]) -> IterationTiming:
+        """The profiled iteration's time against its baseline as the clock has it now."""
+        baseline = self.clock.baseline(iteration)
+        return IterationTiming(profiled_s, baseline.median_s, baseline.iterations, counting_s,
                                unprofiled_spread=baseline.spread, baseline_note=baseline.note)
 
     def _when_settled(self, iteration: int) -> Optional[GatheredReports]:
@@ -288,7 +286,8 @@ class ProfileSchedule:
         if waiting is None:
             return None
         if self.clock.unprofiled_after(waiting.iteration):  # built at the profiled iteration without them
-            waiting.reports.restate(self._timing(waiting))
+            timed = waiting.reports.timing
+            waiting.reports.restate(self._timing(waiting.iteration, timed.profiled_iter_s, timed.counting_iter_s))
         return waiting.reports
 
     def _count_again(self, iteration: int, counted: int, differ: List[str]) -> None:
