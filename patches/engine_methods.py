@@ -23,7 +23,7 @@ from typing import Any, Callable, ContextManager, Sequence
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from patches.profiler.attachment import ATTRIBUTE, EngineAttachment, attachment_of
+from patches.profiler.attachment import EngineAttachment, attached, attachment_of
 
 WHAT_IT_FIXES = "the profiler's view of every engine's iterations"
 
@@ -68,7 +68,7 @@ def install(when_built: Sequence[Callable[[DeepSpeedEngine], None]] = (),
 def _train_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def train_batch(self, *args, **kwargs):
-        attachment = vars(self).get(ATTRIBUTE)  # the engine's attachment (attachment.py), if any
+        attachment = attached(self)
         if attachment is None:
             return original(self, *args, **kwargs)
         run = functools.partial(_measured_train_batch, attachment, original, self, args, kwargs)
@@ -101,7 +101,7 @@ def _plain_engine_method(original: Callable[..., Any], instruction: str, opens_i
     instruction, which its measurement times already: it runs as it is."""
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        attachment = vars(self).get(ATTRIBUTE)  # the engine's attachment (attachment.py), if any
+        attachment = attached(self)
         if attachment is None or attachment.runs_a_schedule:
             return original(self, *args, **kwargs)
         section = attachment.section
