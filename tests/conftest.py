@@ -7,11 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import launch, torch_extensions
+from tests.helpers import launch, profiled_runs, torch_extensions
 from tests.helpers.flags import PP2_TP2_CKPT, UPSTREAM_WORKERS
 
 _extension_copies = []  # the parent of this session's per-test torch extensions directories, removed at its end
 _environment = pytest.MonkeyPatch()  # the variable a launching test gets, undone after it
+
+
+def pytest_collection_modifyitems(items):
+    """Groups for pytest-xdist's `--dist loadgroup` (tools/run_tests.sh): a group runs on one worker. A file is
+    one group, since its tests share its module-scoped launches; the files that read the runs of
+    tests/helpers/profiled_runs.py are one group, so that each of those runs is launched once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            shares_runs = profiled_runs.profiled_run in vars(item.module).values()
+            item.add_marker(pytest.mark.xdist_group("profiled_runs" if shares_runs else item.path.name))
 
 
 def pytest_runtest_setup(item):

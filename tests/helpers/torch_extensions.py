@@ -11,6 +11,7 @@ So the ops are built once per environment, by a process nobody kills, into a dir
 is renamed into place; each launching test gets a copy (large files hard-linked), and a lock left behind stays
 in that test's copy.
 """
+import fcntl
 import hashlib
 import os
 import shutil
@@ -55,6 +56,13 @@ def prebuilt(python: str = sys.executable) -> Path:
     final = _prebuilt_path(python)
     if final.is_dir():
         return final
+    # The suite's workers (pytest-xdist) may all ask at once: one builds, the others wait for it.
+    with open(final.parent / (final.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return final if final.is_dir() else _build(python, final)
+
+
+def _build(python: str, final: Path) -> Path:
     building = Path(tempfile.mkdtemp(prefix=final.name + ".building-", dir=final.parent))
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(building))
     process = subprocess.run([python, "-c", _BUILD], env=env, capture_output=True, text=True,
