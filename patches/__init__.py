@@ -8,7 +8,7 @@ are missing is not applied, with one line naming them (nothing is half-patched).
 project was not tested with gets one warning line; it is not refused.
 
 A patch changes DeepSpeed's classes in its install(), and acts on each engine built afterwards in its
-engine_built(engine), which apply() hands to the one wrapper of the engines' __init__ (engine_methods.py).
+engine_built(engine, attachment), which apply() hands to the one wrapper of the engines' __init__ (engine_methods.py).
 """
 import os
 import sys

@@ -36,7 +36,7 @@ def requires():
             *[(DeepSpeedEngine, method) for method in PLAIN_ENGINE_INSTRUCTIONS]]
 
 
-def install(when_built: Sequence[Callable[[DeepSpeedEngine], None]] = (),
+def install(when_built: Sequence[Callable[[DeepSpeedEngine, EngineAttachment], None]] = (),
             during_init: Sequence[Callable[[DeepSpeedEngine], ContextManager]] = ()) -> None:
     deepspeed_init, pipeline_init = DeepSpeedEngine.__init__, PipelineEngine.__init__
 
@@ -49,13 +49,14 @@ def install(when_built: Sequence[Callable[[DeepSpeedEngine], None]] = (),
             deepspeed_init(self, *args, **kwargs)
         if not attachment.runs_a_schedule:  # a PipelineEngine is built when its own __init__ returns
             for built in when_built:
-                built(self)
+                built(self, attachment)
 
     @functools.wraps(pipeline_init)
     def pipeline_engine_init(self, *args, **kwargs):
         pipeline_init(self, *args, **kwargs)  # (DeepSpeedEngine.__init__ runs inside it)
+        attachment = attachment_of(self)
         for built in when_built:
-            built(self)
+            built(self, attachment)
 
     DeepSpeedEngine.__init__ = deepspeed_engine_init
     PipelineEngine.__init__ = pipeline_engine_init

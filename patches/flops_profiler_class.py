@@ -14,7 +14,7 @@ FlopsProfiler, unchanged; so does get_model_profile.
 from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler
 
 from patches.profiler import store_exchange
-from patches.profiler.attachment import attachment_of
+from patches.profiler.attachment import EngineAttachment
 from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
 from patches.registry import pipeline_engine_of, register_pipeline
 
@@ -31,9 +31,9 @@ def install():
     FlopsProfiler.__new__ = staticmethod(_pipeline_aware_new)
 
 
-def engine_built(engine):
+def engine_built(engine, attachment: EngineAttachment):
     """A PipelineEngine's module is known to be its own (FlopsProfiler(model[0].module) profiles the engine)."""
-    if attachment_of(engine).runs_a_schedule:
+    if attachment.runs_a_schedule:
         register_pipeline(engine)
 
 

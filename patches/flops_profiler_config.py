@@ -32,7 +32,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from patches.errors import PatchConfigError
-from patches.profiler.attachment import EngineAttachment, attachment_of
+from patches.profiler.attachment import EngineAttachment
 from patches.profiler.numbering import DEEPSPEED_NUMBERING, running_iteration
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNT_IN_PROFILED, ProfileSchedule
 from patches.profiler.printer import format_report
@@ -62,7 +62,7 @@ def wants_profiler(engine):
     return engine._config.flops_profiler_config.enabled or engine.autotuning_enabled()
 
 
-def engine_built(engine):
+def engine_built(engine, attachment: EngineAttachment):
     """DeepSpeed gap: with flops_profiler_enabled() False, 0.19.8 gives no engine.flops_profiler, which
     its own tests, the autotuner and user code read. Ours takes its place, on every rank; the section's door
     serves the engine's iterations."""
@@ -70,7 +70,6 @@ def engine_built(engine):
         return
     check_section(engine._config.flops_profiler_config)
     engine.flops_profiler = UserCodeFlopsProfiler(engine)
-    attachment = attachment_of(engine)
     attachment.section = SectionDoor(engine, attachment)
     if engine.autotuning_enabled() and not engine.wall_clock_breakdown():
         # The autotuning metric reads the global timers, which 0.19.8 enables through flops_profiler_enabled().

@@ -19,12 +19,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
+import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.attachment import attachment_of
 from patches.profiler.context import RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
-from patches.profiler.one_step import STEADY_AFTER, ProfileSchedule, counting_announcement
+from patches.profiler.one_step import STEADY_AFTER, ProfileSchedule
 from patches.profiler.printer import format_report
 from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
 
@@ -48,7 +49,8 @@ class FileOutput:
     def deliver(self, reports: GatheredReports, step: int) -> None:
         """Collective: every rank calls it for the same report."""
         report = reports.report(step)
-        reports.emit(format_report(report) if reports.emits_here else "")
+        if dist.get_rank() == 0:
+            print(format_report(report), flush=True)
         json_path, trace_path = self.json_path(step), self.trace_path(step)
         try:
             # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
@@ -61,35 +63,21 @@ class FileOutput:
             write_tensorboard_scalars(report, self.tensorboard_writer, step)
 
 
-def announcement(args: Any, first_done: Optional[int], shapes_change: Optional[str] = None) -> str:
-    """'iteration N will be profiled on every stage, its FLOPs counted in ...': the start-up line's words, said
-    before the run (before any door is made: upstream's, at parse time). first_done: iterations done before this
-    run (None where not known yet)."""
-    return _profiled_on_every_stage(args.profile_flops_step) + counting_announcement(
-        args.profile_flops_step, args.profile_flops_counting, first_done, shapes_change)
-
-
-def _profiled_on_every_stage(step: int) -> str:
-    return f"iteration {step} will be profiled on every stage"
-
-
 class MegatronDoor:
     """A Megatron training loop's way into the profiler (see the module docstring)."""
 
     def __init__(self, args: Any, describe: Callable[[DeepSpeedEngine], RunDescription],
-                 tensorboard_writer: Any = None, shapes_change: Optional[str] = None,
-                 first_done: Optional[int] = None):
+                 first_done: int, tensorboard_writer: Any = None, shapes_change: Optional[str] = None):
         """args: the Megatron arguments (profile_flops_step, profile_flops_output, profile_flops_counting,
         train_iters). describe(engine): what the loop knows of its run, asked when a report is built.
-        shapes_change: as ProfileSchedule's (curriculum learning and the like). first_done: the iterations done
-        before this run, where the loop knows it: then `announcement` holds the start-up line's words (else None:
-        upstream's run says them at parse time, announcement() below, before any door is made)."""
+        first_done: the iterations done before this run (a resumed run's). shapes_change: as ProfileSchedule's
+        (curriculum learning and the like). `announcement`: the start-up line's words (None: nothing profiled)."""
         self.profile_step = args.profile_flops_step
         self.schedule = ProfileSchedule(self.profile_step, counting=args.profile_flops_counting,
                                         shapes_change=shapes_change, last_iteration=getattr(args, "train_iters", None),
-                                        settle=STEADY_AFTER)
-        self.announcement = (_profiled_on_every_stage(self.profile_step) + self.schedule.announcement(first_done)
-                             if self.profile_step is not None and first_done is not None else None)
+                                        settle=STEADY_AFTER, first_done=first_done)
+        self.announcement = (f"iteration {self.profile_step} will be profiled on every stage"
+                             f"{self.schedule.announcement}" if self.profile_step is not None else None)
         self.output = FileOutput(args.profile_flops_output, tensorboard_writer)
         self.describe = describe
 

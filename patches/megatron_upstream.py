@@ -115,8 +115,9 @@ class UpstreamRun:
             megatron_args = global_vars.get_args()
             # Upstream's own timers are its business: the door times its train_step, the unprofiled
             # iterations the report compares with on the clock the profiled one is timed on.
-            return self.door_of(megatron_args, global_vars).train_step(
-                engine, _iteration_being_run(megatron_args), lambda: original(*args, **kwargs))
+            iteration = _iteration_being_run(megatron_args)
+            return self.door_of(megatron_args, global_vars, iteration).train_step(
+                engine, iteration, lambda: original(*args, **kwargs))
 
         _replace(module, "train_step", original, train_step)
         train = getattr(module, "train", None)
@@ -140,15 +141,19 @@ class UpstreamRun:
 
         return finishing_train
 
-    def door_of(self, args: Namespace, global_vars: ModuleType):
-        """The run's one door, made on first use from upstream's parsed arguments."""
+    def door_of(self, args: Namespace, global_vars: ModuleType, iteration: int):
+        """The run's one door, made on its first iteration (`iteration`, after any checkpoint has loaded) from
+        upstream's parsed arguments; global rank 0 says what it will profile, as the fork's train() does."""
         if self.door is None:
             from patches.megatron_door import MegatronDoor
 
             get_writer = getattr(global_vars, "get_tensorboard_writer", None)
-            self.door = MegatronDoor(args, functools.partial(_describe_run, args),
+            self.door = MegatronDoor(args, functools.partial(_describe_run, args), first_done=iteration - 1,
                                      tensorboard_writer=get_writer() if callable(get_writer) else None,
                                      shapes_change=shapes_change(args))
+            if self.door.announcement is not None and int(os.environ.get("RANK", "0")) == 0:
+                print(f"> FLOPs profiler (patches): {self.door.announcement}; report files in "
+                      f"{args.profile_flops_output}", flush=True)
         return self.door
 
     # ------------------------------------------------------------ the zero-bubble schedule
@@ -219,20 +224,9 @@ def _parse_args_with_profiler_flags(original: Callable) -> Callable:
 
         use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method
         drop_optimizer_state_across_partitions(getattr(parsed, "no_load_optim", False))
-        _announce(parsed)
         return parsed
 
     return parse_args
-
-
-def _announce(args: Namespace) -> None:
-    if args.profile_flops_step is None or int(os.environ.get("RANK", "0")) != 0:
-        return
-    from patches.megatron_door import announcement
-
-    # Upstream loads its checkpoint after parsing: where this run starts is not known yet.
-    print(f"> FLOPs profiler (patches): {announcement(args, None, shapes_change(args))}; report files in "
-          f"{args.profile_flops_output}", flush=True)
 
 
 def shapes_change(args: Namespace) -> Optional[str]:

@@ -20,7 +20,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from patches.errors import PatchConfigError
 from patches.profiler import store_exchange
-from patches.profiler.attachment import attachment_of
+from patches.profiler.attachment import EngineAttachment
 
 WHAT_IT_FIXES = "ZeRO stage 1 on pipeline stages with unequal optimizer parameter groups (a hang)"
 
@@ -29,10 +29,9 @@ def requires():
     return [(PipelineEngine, "__init__"), *store_exchange.requires()]
 
 
-def engine_built(engine):
+def engine_built(engine, attachment: EngineAttachment):
     """Once a PipelineEngine is built: its stages' optimizer groups compared (the engine's ordinal names it alike
     on every rank, which build their engines in the same order)."""
-    attachment = attachment_of(engine)
     groups = getattr(engine.optimizer, "bit16_groups", None)  # set by ZeRO's __init__, one list a group
     if attachment.runs_a_schedule and isinstance(engine.optimizer, DeepSpeedZeroOptimizer) and groups is not None \
             and dist.is_initialized():

@@ -100,8 +100,9 @@ def test_upstream_shaped_megatron_gets_the_profiler_flags_and_keeps_its_own_scri
     # iteration 1 is neither the profiled one nor the one counting its FLOPs: their own train_step ran
     assert "step 1: unprofiled step" in lines
     assert "True True" in lines  # both patched
-    assert ("> FLOPs profiler (patches): iteration 3 will be profiled on every stage, its FLOPs counted in "
-            "iteration 2 (in it if this run starts at iteration 3); report files in") in process.stdout
+    # the start-up line comes with the first iteration of a DeepSpeed engine (tests/test_upstream_checkout.py):
+    # this train_step trained none
+    assert "> FLOPs profiler (patches)" not in process.stdout
 
 
 @pytest.mark.parametrize("flags, message", [

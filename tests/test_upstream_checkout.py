@@ -144,6 +144,10 @@ def test_module_launch_profiles_upstream_exactly_and_changes_nothing(workdir, pp
     assert profiled_losses == plain_losses  # bitwise: float.hex recorded by the last rank
     output = profiled.stdout + profiled.stderr
     assert output.count(HEADER) == 1 and f"Profile Summary at step {PROFILE_STEP}:" in output
+    # said once, at the first iteration, where the run's start (after any checkpoint) is known
+    assert output.count("> FLOPs profiler (patches): ") == 1
+    assert f"> FLOPs profiler (patches): iteration {PROFILE_STEP} will be profiled on every stage, its FLOPs " \
+           f"counted in iteration {PROFILE_STEP - 1}; report files in {out}" in output
     report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
     assert (out / f"pipeline_trace_step{PROFILE_STEP}.json").exists()
     assert report["parallelism"]["pipeline_parallel_size"] == pp

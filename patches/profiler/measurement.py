@@ -12,6 +12,7 @@ One iteration of a schedule (one_step.ProfileSchedule) in two calls:
 
     measurement = StageMeasurement.begin(engine, attachment, counted)   # made and started
     entry = measurement.finish()  # stopped, every hook gone, and the rank's entry (or the error building it)
+                                  # (the module profiler's finish: its results read once, its hooks off)
 
 Where the FLOPs come from is decided at start: counted by a dispatch mode in the measured iteration itself,
 or taken from a counting pass over the iteration before (one_step.ProfileSchedule), so that the measured iteration runs
@@ -32,7 +33,7 @@ from patches.profiler.attachment import EngineAttachment, attachment_of
 from patches.profiler.engine_hooks import EngineHooks, synchronized_clock
 from patches.profiler.entry import RankEntry
 from patches.profiler.layout import EngineLayout
-from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler
+from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler, ModuleResults
 
 Result = TypeVar("Result")
 
@@ -58,6 +59,7 @@ class StageMeasurement:
         self.hooks: Optional[EngineHooks] = None
         self.counted: Optional[CountingPass] = None
         self.calls_differ: List[str] = []  # modules whose calls differ from the counting pass's
+        self._results: Optional[ModuleResults] = None  # the module profiler's, once finish() has read them
         self.skipped_steps_before = 0
         self.started = False
         self._train_batch_s = 0.0  # a PipelineEngine's train_batch, timed (time_train_batch)
@@ -98,6 +100,7 @@ class StageMeasurement:
         if self.accelerator.device_name() != "cpu":
             self.accelerator.reset_peak_memory_stats()
         self.calls_differ = []
+        self._results = None
         self.skipped_steps_before = getattr(self.engine, "skipped_steps", 0)
         self.module_profiler = ModuleProfiler.started(module, synchronize=self.accelerator.synchronize,
                                                       root_name=type(module).__name__, ignore_types=ignore_list,
@@ -115,20 +118,29 @@ class StageMeasurement:
 
     def stop(self) -> None:
         """Stop measuring; the measurements stay readable, the hooks stay (inert) until detach()."""
-        if not self.started:
-            return
-        self._window[1] = self._clock()
-        counted = self.counted.module_profiler if self.counted is not None else None
-        self.calls_differ = self.module_profiler.stop(adopt_from=counted)
-        self.started = False
+        self._end(finish=False)
 
     def finish(self) -> Union[RankEntry, Exception]:
-        """The measured iteration's end: stop(), this rank's entry, detach(). Returns the entry, or the error building
-        it raised (a collective report still needs this rank's part)."""
-        self.stop()
+        """The measured iteration's end: the module profiler finishes (stopped, the counting pass's FLOPs taken,
+        its hooks off, its results read once), this rank's entry is built from those results, and the engine's
+        hooks come off (detach()). Returns the entry, or the error building it raised (a collective report
+        still needs this rank's part)."""
+        self._end(finish=True)
         entry = self.entry_or_error()
         self.detach()
         return entry
+
+    def _end(self, finish: bool) -> None:
+        if not self.started:
+            return
+        self._window[1] = self._clock()
+        counting = self.counted.module_profiler if self.counted is not None else None
+        if finish:
+            self._results = self.module_profiler.finish(adopt_from=counting)
+            self.calls_differ = self._results.calls_differ
+        else:
+            self.calls_differ = self.module_profiler.stop(adopt_from=counting)
+        self.started = False
 
     def detach(self) -> None:
         """Stop, then remove every hook, wrapper and swapped function: the engine runs as if never measured."""
@@ -138,10 +150,11 @@ class StageMeasurement:
         self._remove_hooks()
 
     def _remove_hooks(self) -> None:
-        # The measurements stay readable (entry(), the getters); only the attachments go.
+        # The measurements stay readable (entry(), the getters); only the attachments go. A finished module
+        # profiler has taken its own hooks off (finish()).
         if self.hooks is not None:
             self.hooks.remove()
-        if self.module_profiler is not None:
+        if self.module_profiler is not None and self._results is None:
             self.module_profiler.remove()
 
     def reset(self) -> None:
@@ -188,7 +201,7 @@ class StageMeasurement:
             peak = int(self.accelerator.max_memory_allocated())
         counted = self.counted.iteration if self.counted is not None else None
         module, layout = self.engine.module, self.layout
-        measured = self.module_profiler.results()
+        measured = self._results if self._results is not None else self.module_profiler.results()
         tree = measured.tree
         _annotate_replicated_params(module, tree)
         events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.hooks.instructions.events]

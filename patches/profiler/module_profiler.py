@@ -8,6 +8,8 @@
     prof.events()          # [(path, type, depth, phase, start, end)]: when each module was active, for the trace
     prof.remove()          # every hook gone: the module runs exactly as before
 
+    results = prof.finish(adopt_from=counting_pass)   # stop, adopt, remove and results() in one call
+
 How it measures, one part per file (each file's docstring says how):
 - module_tree.py: one node per module (a module reachable twice appears once, each parameter counts once),
   holding every measurement, and the reported views of them: tree(), events(), invisible_attention().
@@ -27,7 +29,7 @@ How it measures, one part per file (each file's docstring says how):
   (backward_outside_autograd, around the instruction).
 """
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
@@ -48,6 +50,7 @@ class ModuleResults:
     tree: dict  # tree()
     uncounted_ops: List[UncountedOp]  # uncounted_ops()
     invisible_attention: List[dict]  # invisible_attention()
+    calls_differ: List[str] = field(default_factory=list)  # adopt_counts(), where finish() adopted a pass
 
 
 class ModuleProfiler:
@@ -96,6 +99,14 @@ class ModuleProfiler:
         """Remove every hook this profiler added, on modules and on autograd graphs still alive."""
         self.stop()
         self._hooks.remove()
+
+    def finish(self, adopt_from: Optional["ModuleProfiler"] = None) -> ModuleResults:
+        """The profiler's end: stop(adopt_from), remove(), and what it measured (results()), with the calls that
+        differ from the adopted counting pass's."""
+        calls_differ = self.stop(adopt_from)
+        self.remove()
+        measured = self.results()
+        return ModuleResults(measured.tree, measured.uncounted_ops, measured.invisible_attention, calls_differ)
 
     def reset(self) -> None:
         self._tree.zero_counts()

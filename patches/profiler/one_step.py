@@ -164,13 +164,16 @@ class ProfileSchedule:
     """Which iteration counts, which is profiled and reported, which is only timed (see the module docstring)."""
 
     def __init__(self, profile_step: Optional[int], counting: str = COUNT_IN_PREVIOUS,
-                 shapes_change: Optional[str] = None, last_iteration: Optional[int] = None, settle: int = 0):
+                 shapes_change: Optional[str] = None, last_iteration: Optional[int] = None, settle: int = 0,
+                 first_done: Optional[int] = None):
         """profile_step: the iteration to profile (None: none; every iteration is only timed), in the door's
         numbering. shapes_change: None, or why the run's iterations differ in shape (curriculum learning, ...),
         known before it starts: then the profiled iteration counts in itself, whatever `counting` asks.
         last_iteration: the run's last iteration, where known. settle: unprofiled iterations after the profiled
         one its report waits for (its baseline; 0: none, the report comes at the profiled iteration's end); it
-        comes sooner at last_iteration, or when the door asks (flush())."""
+        comes sooner at last_iteration, or when the door asks (flush()). first_done: the iterations done before
+        this run, where the door knows it (None: not known), for `announcement`, the start-up line's tail
+        (counting_announcement; None where nothing is profiled)."""
         if counting not in COUNTING_CHOICES:
             raise ValueError(f"counting must be one of {COUNTING_CHOICES}, not {counting!r}")
         self.profile_step = profile_step
@@ -185,10 +188,8 @@ class ProfileSchedule:
         self._counted: Optional[CountingPass] = None  # the counting pass, until the iteration after it
         self._open: Optional[_OpenIteration] = None
         self._waiting: Optional[_Waiting] = None  # the profiled iteration's report, until its baseline is timed
-
-    def announcement(self, first_done: Optional[int]) -> str:
-        """counting_announcement of this schedule, said before the run."""
-        return counting_announcement(self.profile_step, self.counting, first_done, self.shapes_change)
+        self.announcement = counting_announcement(profile_step, self.counting, first_done, shapes_change) \
+            if profile_step is not None else None
 
     def role(self, iteration: int) -> str:
         if self.profile_step is None:
@@ -280,14 +281,15 @@ class ProfileSchedule:
         return None
 
     def flush(self) -> Optional[GatheredReports]:
-        """The profiled iteration's report now, over the unprofiled iterations timed so far (collective: every rank
-        of the run calls it at the same point, the door at its loop's end); None where none is waiting."""
+        """The profiled iteration's reports now, timed over the unprofiled iterations timed so far (the door's
+        report() builds them again over that timing, collectively: every rank of the run flushes at the same
+        point, the door at its loop's end); None where none is waiting."""
         waiting, self._waiting = self._waiting, None
         if waiting is None:
             return None
         if self.clock.unprofiled_after(waiting.iteration):  # built at the profiled iteration without them
-            timed = waiting.reports.timing
-            waiting.reports.restate(self._timing(waiting.iteration, timed.profiled_iter_s, timed.counting_iter_s))
+            timed = waiting.reports.timing  # the report is built again over this at the door's report()
+            waiting.reports.timing = self._timing(waiting.iteration, timed.profiled_iter_s, timed.counting_iter_s)
         return waiting.reports
 
     def _count_again(self, iteration: int, counted: int, differ: List[str]) -> None:

@@ -69,12 +69,15 @@ class GatheredReports:
         asked otherwise (ProfileSchedule)."""
         self.measurement = measurement
         self.run = run
+        # The iteration's timing the report is built over. Set another (ProfileSchedule: once the unprofiled
+        # iterations after the profiled one are timed) and the next report() builds it again over that.
         self.timing = timing
         self.counting_note = counting_note
         self._report: Optional[dict] = None
+        self._built_over: Optional[IterationTiming] = None  # the timing self._report was built over
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
         self._entry: Union[RankEntry, Exception, None] = None  # the rank's entry, taken already (gathered())
-        self._gathered: Optional[GatherResult] = None  # what the last report() gathered (restate() rebuilds it)
+        self._gathered: Optional[GatherResult] = None  # what the last report() gathered (to build it again)
 
     @classmethod
     def gathered(cls, measurement: StageMeasurement, entry: Union[RankEntry, Exception], step: int,
@@ -98,8 +101,9 @@ class GatheredReports:
         self._report, self._entries, self._entry = None, None, None
 
     def ready(self) -> Optional[dict]:
-        """The report gathered already, or None: never gathers (a getter may be called on one rank alone)."""
-        return self._report
+        """The report built already (over the current timing), or None: never gathers (a getter may be called on
+        one rank alone)."""
+        return self._report if self._built_over is self.timing else None
 
     def report(self, step: Optional[int] = None) -> dict:
         """Collective over the world group: every rank calls it (a rank that never measured names itself in the
@@ -117,13 +121,10 @@ class GatheredReports:
                 entry = error
             self._gathered = gather_report(measurement.layout, self._groups(), entry, context)
             self._report, self._entries = self._gathered.report, self._gathered.replica_entries
+        elif self._built_over is not self.timing:  # the entries gathered already, built again over the new timing
+            self._report = rebuild_report(self._gathered, self.timing, self._groups())
+        self._built_over = self.timing
         return self._report
-
-    def restate(self, timing: IterationTiming) -> None:
-        """Collective: the report gathered already, built again over another timing (ProfileSchedule: the steady
-        unprofiled iterations after the profiled one, timed once it had run), on every rank."""
-        self.timing = timing
-        self._report = rebuild_report(self._gathered, timing, self._groups())
 
     @property
     def step(self) -> int:
