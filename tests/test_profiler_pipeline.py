@@ -6,6 +6,7 @@ import pytest
 
 from megatron.arguments import parse_args
 from megatron.tokenizer.tokenizer import padded_vocab_size
+from patches.profiler.allocator_trace import TRACE_DIRECTORY_VARIABLE, UNSEEN_FREE_MARK
 from patches.profiler.analytic_flops import upstream_flops_per_iteration
 from patches.profiler.files import validate_report
 from patches.profiler.printer import (
@@ -21,10 +22,19 @@ pytestmark = pytest.mark.launch
 
 
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("profiled")
+def profiled_directory(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiled")
+
+
+@pytest.fixture(scope="module")
+def profiled(profiled_directory):
+    """pp 2 x tp 2, checkpointed, iteration 3 profiled; every rank also writes torch.profiler's own trace of the
+    iteration where the memory was measured (torch_memory/)."""
+    tmp = profiled_directory
     flags = PP2_TP2_CKPT + ["--profile-flops-step", "3", "--profile-flops-output", tmp / "profile"]
-    process, losses = run_pretrain(tmp, 4, flags, name="profiled")
+    (tmp / "torch_memory").mkdir()
+    process, losses = run_pretrain(tmp, 4, flags, name="profiled",
+                                   env={TRACE_DIRECTORY_VARIABLE: str(tmp / "torch_memory")})
     assert process.returncode == 0, explain(process)
     report = json.loads((tmp / "profile" / "flops_profile_step3.json").read_text())
     return process, losses, report
@@ -100,6 +110,56 @@ def test_flops_are_counted_in_the_iteration_before(profiled):
     output = process.stdout + process.stderr
     assert "iteration 3 will be profiled on every stage, its FLOPs counted in iteration 2" in output
     assert counting["note"] in output
+
+
+FP32 = 4
+# Parameter tensors on a rank: the embedding's word and position tables, 12 per transformer layer (LayerNorm,
+# QKV, dense, LayerNorm, fc1, fc2: a weight and a bias each), the final LayerNorm's 2, the tied embedding's 2 again.
+PARAM_TENSORS = {0: 2 + 2 * 12, 1: 2 * 12 + 2 + 2}
+
+
+def _torch_allocator_levels(path):
+    """(the highest rise above the start, the change at the end) of torch.profiler's exported CPU allocator events
+    (its "[memory]" events, and the frees of blocks older than the profiler that the measurement marked)."""
+    changes = []
+    for event in json.loads(path.read_text())["traceEvents"]:
+        if event.get("name") == "[memory]" and event["args"]["Device Type"] == 0:
+            changes.append((event["ts"], event["args"]["Bytes"]))
+        elif event.get("name", "").startswith(UNSEEN_FREE_MARK):
+            changes.append((event["ts"], -int(event["name"][len(UNSEEN_FREE_MARK):])))
+    level = highest = 0
+    for _, change in sorted(changes, key=lambda c: c[0]):
+        level += change
+        highest = max(highest, level)
+    return highest, level
+
+
+def test_memory_per_stage_against_torchs_allocator(profiled, profiled_directory):
+    """Measured in iteration 2 (where the FLOPs were counted): the static bytes exactly what fp32 Adam without ZeRO
+    holds; the measured peak what torch's own exported allocator events say; the predicted peak within 10% of it."""
+    _, _, report = profiled
+    for stage in report["stages"]:
+        memory, params = stage["memory"], stage["params_per_gpu"]  # tp ranks hold equal shares
+        assert memory["iteration"] == 2 and memory["basis"].startswith("torch.profiler memory events")
+        assert memory["param_bytes"] == params * FP32 and memory["grad_bytes"] == params * FP32
+        # Adam's two moments per element, and a step count (an fp32 scalar) per parameter tensor
+        assert memory["optimizer_bytes"] == 2 * params * FP32 + PARAM_TENSORS[stage["stage_id"]] * FP32
+        assert memory["optimizer_created_bytes"] == 0  # iteration 1 made Adam's state
+        assert memory["in_flight_micro_batches"] == 2 - stage["stage_id"]  # 1F1B: min(pp - s, micro-batches)
+        rise, change = _torch_allocator_levels(
+            profiled_directory / "torch_memory" / f"torch_memory_rank{memory['global_rank']}.json")
+        assert memory["measured_peak_bytes"] == memory["start_bytes"] + rise
+        assert memory["end_bytes"] == memory["start_bytes"] + change
+        measured = memory["measured_peak_bytes"]
+        assert abs(memory["predicted_peak_bytes"] - measured) <= 0.1 * measured, (stage["stage_id"], memory)
+    hidden = 2 * 16 * 32 * FP32  # micro-batch x sequence x hidden, fp32
+    layers = {row["index"]: row for row in report["layers"]}
+    for index in (1, 2, 3, 4):  # checkpointed: each keeps its input only
+        assert layers[index]["activation_bytes"] == hidden
+    assert layers[5]["activation_bytes"] == hidden + 2 * (2 * 16 * FP32)  # LayerNorm: its input, mean and rstd
+    for stage in report["stages"]:
+        rows = [row for row in layers.values() if row["stage"] == stage["stage_id"]]
+        assert sum(row["state_bytes"] for row in rows) == stage["memory"]["state_bytes"]
 
 
 def _walk(node):

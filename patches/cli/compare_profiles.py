@@ -4,7 +4,8 @@
 
 delta = B - A, change = delta / A. Totals are listed in a fixed order; stage and module rows are
 ordered by the size of their change, largest first (a value that was 0 in A first of all), then by the
-size of the delta. Stages are compared when both reports have the same number of them; modules are
+size of the delta. Stages are compared when both reports have the same number of them (their memory too, where
+both measured it: the state, what a micro-batch in flight keeps, the predicted and the measured peak); modules are
 matched by their path in the whole-model tree (global layer indices), so reports of different
 pipeline or tensor layouts compare module by module.
 
@@ -16,7 +17,7 @@ import json
 import math
 import sys
 
-from patches.profiler.units import duration_to_string, flops_rate_to_string, number_to_string
+from patches.profiler.units import bytes_to_string, duration_to_string, flops_rate_to_string, number_to_string
 
 
 def _fraction(value):
@@ -51,6 +52,10 @@ STAGE_METRICS = (
     ("tflops_per_gpu", "hardware FLOPS per GPU", lambda v: flops_rate_to_string(v * 1e12)),
     ("idle_fraction", "idle fraction", _fraction),
     ("peak_memory_bytes", "peak memory", number_to_string),
+    ("memory_state_bytes", "memory: state", bytes_to_string),
+    ("memory_kept_bytes_per_micro_batch", "memory: kept per micro-batch", bytes_to_string),
+    ("memory_predicted_peak_bytes", "memory: predicted peak", bytes_to_string),
+    ("memory_measured_peak_bytes", "memory: measured peak", bytes_to_string),
 )
 MODULE_METRICS = (
     ("fwd_flops", "fwd flops", number_to_string),
@@ -126,7 +131,9 @@ def _largest_first(rows):
 
 def _stage_values(report):
     idle = {row["stage_id"]: row["idle_fraction"] for row in report["bubble"]["stages"]} if report.get("bubble") else {}
-    return [dict(stage, idle_fraction=idle.get(stage["stage_id"])) for stage in report["stages"]]
+    return [dict(stage, idle_fraction=idle.get(stage["stage_id"]),
+                 **{f"memory_{key}": value for key, value in (stage.get("memory") or {}).items()})
+            for stage in report["stages"]]
 
 
 def compare_reports(a, b):

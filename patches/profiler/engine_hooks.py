@@ -10,10 +10,11 @@ class's map again. The engine's own methods are never shadowed: their one class-
 (patches/engine_methods.py) hands train_batch to time_train_batch, and a plain engine's forward, backward and
 step to the instruction timer (InstructionTimer.run), while this engine's measurement is attached.
 """
+import contextlib
 import functools
 import time
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple, TypeVar
 
 import deepspeed.runtime.pipe.schedule as ds_schedule
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -42,6 +43,9 @@ class InstructionTimer:
         self.totals: Dict[str, float] = defaultdict(float)
         self.counts: Dict[str, int] = defaultdict(int)
         self.events: List[InstructionEvent] = []  # the schedule as it ran
+        # around(name, buffer_id): a context each instruction runs in, inside its clock reads (the memory
+        # measurement's); None: none
+        self.around: Optional[Callable[[str, Optional[int]], ContextManager[None]]] = None
 
     def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """fn(engine, ...) wrapped with a synchronize and a clock read on both sides."""
@@ -51,9 +55,11 @@ class InstructionTimer:
 
     def run(self, name: str, call: Callable[[], Result], kwargs: Optional[Dict[str, Any]] = None) -> Result:
         """call(), timed as instruction `name` (kwargs: the instruction's, for its event)."""
+        around = self.around(name, (kwargs or {}).get("buffer_id")) if self.around else contextlib.nullcontext()
         start = synchronized_clock(self.synchronize)
         try:
-            return call()
+            with around:
+                return call()
         finally:
             end = synchronized_clock(self.synchronize)
             self.totals[name] += end - start

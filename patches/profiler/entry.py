@@ -23,6 +23,7 @@ class RankEntry:
     invisible_attention: list = field(default_factory=list)  # ModuleProfiler.invisible_attention()
     layers: Optional[list] = None  # layers.stage_layers(): this stage's layers of a PipelineModule, else None
     parts: Optional[list] = None  # the PipelineModule's stage boundaries (PipelineModule.parts)
+    memory: Optional[dict] = None  # memory.StageMemory.as_dict(), measured where the FLOPs were counted
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
 

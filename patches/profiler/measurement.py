@@ -16,7 +16,8 @@ One iteration of a schedule (one_step.ProfileSchedule) in two calls:
 
 Where the FLOPs come from is decided at start: counted by a dispatch mode in the measured iteration itself,
 or taken from a counting pass over the iteration before (one_step.ProfileSchedule), so that the measured iteration runs
-without the mode; its module calls are then checked against the counted ones (calls_differ).
+without the mode; its module calls are then checked against the counted ones (calls_differ). The stage's memory
+(memory.py) is measured with the FLOPs, in the iteration that counts them, on a PipelineEngine.
 What the measurements become (a report, gathered or read from the store) is the report sources' job
 (sources.py).
 """
@@ -33,6 +34,7 @@ from patches.profiler.attachment import EngineAttachment, attachment_of
 from patches.profiler.engine_hooks import EngineHooks, synchronized_clock
 from patches.profiler.entry import RankEntry
 from patches.profiler.layout import EngineLayout
+from patches.profiler.memory import MemoryMeasurement, StageMemory
 from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler, ModuleResults
 
 Result = TypeVar("Result")
@@ -44,6 +46,7 @@ class CountingPass:
     to take instead of counting on its own timed path."""
     iteration: int
     module_profiler: ModuleProfiler  # stopped, hooks removed: its counts stay readable
+    memory: Optional[StageMemory] = None  # the stage's memory, measured in the same iteration
 
 
 class StageMeasurement:
@@ -57,6 +60,8 @@ class StageMeasurement:
         self.accelerator = get_accelerator()
         self.module_profiler: Optional[ModuleProfiler] = None
         self.hooks: Optional[EngineHooks] = None
+        self.memory: Optional[MemoryMeasurement] = None  # measuring the memory (in the iteration that counts)
+        self.measured_memory: Optional[StageMemory] = None  # what it measured, once stopped
         self.counted: Optional[CountingPass] = None
         self.calls_differ: List[str] = []  # modules whose calls differ from the counting pass's
         self._results: Optional[ModuleResults] = None  # the module profiler's, once finish() has read them
@@ -105,10 +110,18 @@ class StageMeasurement:
         self.module_profiler = ModuleProfiler.started(module, synchronize=self.accelerator.synchronize,
                                                       root_name=type(module).__name__, ignore_types=ignore_list,
                                                       count_flops=counted is None)
+        self.measured_memory = None
         try:
             self.hooks = EngineHooks.attach(self.engine, self.layout, self.module_profiler,
                                             self.accelerator.synchronize)
+            if counted is None and self.layout.is_pipeline:
+                # after the engine hooks (it proxies the layers they may have swapped), off before them
+                self.memory = MemoryMeasurement.started(self.engine, self.accelerator,
+                                                        stage_layers(module, self.layout.stage))
+                self.hooks.instructions.around = self.memory.instruction
         except BaseException:
+            if self.hooks is not None:
+                self.hooks.remove()
             self.module_profiler.remove()
             raise
         self._train_batch_s = 0.0
@@ -134,6 +147,7 @@ class StageMeasurement:
         if not self.started:
             return
         self._window[1] = self._clock()
+        self._stop_memory()
         counting = self.counted.module_profiler if self.counted is not None else None
         if finish:
             self._results = self.module_profiler.finish(adopt_from=counting)
@@ -149,9 +163,17 @@ class StageMeasurement:
             self.attachment.measurement = None
         self._remove_hooks()
 
+    def _stop_memory(self) -> None:
+        # Its hooks come off first: they proxy what the engine hooks put in place.
+        if self.memory is not None:
+            memory, self.memory = self.memory, None
+            self.hooks.instructions.around = None
+            self.measured_memory = memory.stop()
+
     def _remove_hooks(self) -> None:
         # The measurements stay readable (entry(), the getters); only the attachments go. A finished module
         # profiler has taken its own hooks off (finish()).
+        self._stop_memory()
         if self.hooks is not None:
             self.hooks.remove()
         if self.module_profiler is not None and self._results is None:
@@ -196,9 +218,13 @@ class StageMeasurement:
         the instructions as they ran, and what the report says of the counting and of the stage's layers."""
         if self.module_profiler is None:
             raise RuntimeError("start_profile() never ran on this rank: nothing was measured")
+        memory = self.counted.memory if self.counted is not None else self.measured_memory
         peak = None
         if self.accelerator.device_name() != "cpu":
             peak = int(self.accelerator.max_memory_allocated())
+            if self.measured_memory is not None and self.measured_memory.allocator is not None:
+                # it reset the peak at each instruction: its own peak is this iteration's
+                peak = self.measured_memory.allocator.measured_peak_bytes
         counted = self.counted.iteration if self.counted is not None else None
         module, layout = self.engine.module, self.layout
         measured = self._results if self._results is not None else self.module_profiler.results()
@@ -210,7 +236,7 @@ class StageMeasurement:
                          self.hooks.instructions.as_dict(), self.train_batch_s(), peak, events,
                          [asdict(op) for op in measured.uncounted_ops], counted, list(self.calls_differ),
                          self.hooks.schedule, measured.invisible_attention, stage_layers(module, layout.stage),
-                         parts)
+                         parts, memory=memory.as_dict() if memory is not None else None)
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""

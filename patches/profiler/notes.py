@@ -60,6 +60,11 @@ NOTES = {
                       "minimises the largest stage; predicted iteration = sum(t_s) + (micro-batches - 1) * max(t_s) "
                       "with t_s a stage's time per micro-batch (DeepSpeed's 1F1B), plus what that model leaves out "
                       "of the measured iteration",
+    "memory": "memory per GPU = bytes as torch's allocator holds them, measured in the iteration that counted the "
+              "FLOPs; state = params + grads + optimizer state as held (dtype, ZeRO, flat buffers); kept = a "
+              "micro-batch's forward net allocation, held until its backward; predicted peak = base + state + "
+              "max(in flight x kept + compute transient, step transient); measured peak = the allocator's highest "
+              "level (CUDA: max_memory_allocated; CPU: torch.profiler's memory events)",
     "stragglers": "stragglers = per stage, each replica's train_batch, fwd, bwd and comm+wait time (its slowest "
                   "tp rank's) over all data-parallel replicas: min, median, max and the slowest replica's ranks",
 }
@@ -68,5 +73,7 @@ NOTES = {
 STAGE_TABLE_CAPTION = "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"
 LAYER_TABLE_CAPTION = ("Layers (the PipelineModule's, per iteration, on the stage that ran them; a plain function "
                        "layer's work is its stage's; the plan: contiguous, no stage empty, smallest bound):")
+MEMORY_CAPTION = ("Memory per GPU (each stage's tp rank with the largest predicted peak, in the iteration that counted "
+                  "the FLOPs; bytes allocated as torch's allocator counts them):")
 STRAGGLER_TABLE_CAPTION = ("Stragglers (per stage, over the data-parallel replicas; a replica's time is its slowest "
                            "tp rank's):")

@@ -252,7 +252,7 @@ class ProfileSchedule:
         self.clock.mark_perturbed(opened.iteration)
         if opened.role == COUNT:
             measurement.detach()
-            self._counted = CountingPass(opened.iteration, measurement.module_profiler)
+            self._counted = CountingPass(opened.iteration, measurement.module_profiler, measurement.measured_memory)
             return None
         entry = measurement.finish()  # every hook off the engine; what it measured stays readable
         counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None

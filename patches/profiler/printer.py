@@ -2,7 +2,12 @@
 from patches.partition.planner import plan_line
 from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
-from patches.profiler.notes import LAYER_TABLE_CAPTION, STAGE_TABLE_CAPTION, STRAGGLER_TABLE_CAPTION
+from patches.profiler.notes import (
+    LAYER_TABLE_CAPTION,
+    MEMORY_CAPTION,
+    STAGE_TABLE_CAPTION,
+    STRAGGLER_TABLE_CAPTION,
+)
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
 from patches.profiler.units import (
@@ -247,17 +252,63 @@ def _bubble(report):
     return lines
 
 
+def _memory(report):
+    """Each stage's memory per GPU, in the summary's layout: what it holds, what it keeps per micro-batch, the
+    peak predicted from them beside the one the allocator measured."""
+    stages = [s for s in report["stages"] if s.get("memory")]
+    if not stages:
+        return []
+
+    def line(label, value):
+        return _LINE.format("  " + label + ":", value)
+
+    lines = ["", MEMORY_CAPTION]
+    for stage in stages:
+        memory = stage["memory"]
+        lines += [f"stage {stage['stage_id']} (rank {memory['global_rank']}, iteration {memory['iteration']}):",
+                  line("state = params + grads + optimizer",
+                       f"{bytes_to_string(memory['state_bytes'])} = {bytes_to_string(memory['param_bytes'])} + "
+                       f"{bytes_to_string(memory['grad_bytes'])} + {bytes_to_string(memory['optimizer_bytes'])}"),
+                  line("layers' activations kept per micro-batch", bytes_to_string(memory["layer_activation_bytes"]))]
+        if memory["predicted_peak_bytes"] is None:
+            lines.append(line("peak", f"n/a: the allocator was not read ({memory['not_read']})"))
+            continue
+        lines += [
+            line("kept per micro-batch in flight (layers + outside them)",
+                 f"{bytes_to_string(memory['kept_bytes_per_micro_batch'])} x "
+                 f"{memory['in_flight_micro_batches']} in flight"),
+            line("base (alive at the start besides the state)", bytes_to_string(memory["base_bytes"])),
+            line("transients (compute / step)", f"{bytes_to_string(memory['compute_transient_bytes'])} / "
+                                                f"{bytes_to_string(memory['step_transient_bytes'])}"),
+            line("predicted peak = base + state + max(in flight x kept + compute transient, step transient)",
+                 bytes_to_string(memory["predicted_peak_bytes"])),
+            line("measured peak", f"{bytes_to_string(memory['measured_peak_bytes'])} (in "
+                                  f"{memory['measured_peak_instruction'] or 'no instruction'})"),
+        ]
+        if memory["optimizer_created_bytes"]:
+            lines.append(line("optimizer state created in its step (a first step)",
+                              bytes_to_string(memory["optimizer_created_bytes"])))
+    basis = next(s["memory"]["basis"] for s in stages)
+    if basis:
+        lines.append(f"  allocator: {basis}")
+    return lines
+
+
 def _layers(report):
     """Each layer's work per iteration, and the partition the measured layers ask for."""
     rows = report.get("layers")
     if not rows:
         return []
+    memory = any(row.get("activation_bytes") is not None for row in rows)
     table = [[row["index"], row["type"], row["stage"], duration_to_string(row["fwd_latency_s"]),
               duration_to_string(row["bwd_latency_s"]), duration_to_string(row["recompute_latency_s"]),
               number_to_string(row["fwd_flops"] + row["bwd_flops"] + row["recompute_flops"]),
-              params_to_string(row["params"])] for row in rows]
+              params_to_string(row["params"])]
+             + ([_bytes_or_na(row.get("activation_bytes")), _bytes_or_na(row.get("state_bytes"))] if memory else [])
+             for row in rows]
     lines = ["", LAYER_TABLE_CAPTION]
-    lines += _table(["layer", "type", "stage", "fwd", "bwd", "recompute", "flops", "params"], table)
+    lines += _table(["layer", "type", "stage", "fwd", "bwd", "recompute", "flops", "params"]
+                    + (["kept/micro-batch", "state"] if memory else []), table)
     for indices in shared_on_one_stage(rows):
         lines.append(f"  layers {' and '.join(str(i) for i in indices)} ran one tied module on one stage: its time "
                      "and FLOPs are split evenly between them here, and no partition is planned from them")
@@ -265,6 +316,10 @@ def _layers(report):
     if plan:
         lines.append("  " + plan_line(plan))
     return lines
+
+
+def _bytes_or_na(value):
+    return bytes_to_string(value) if value is not None else "n/a"
 
 
 def _stragglers(report: dict) -> list:
@@ -372,6 +427,7 @@ def format_report(report: dict, module_depth: int = -1, top_modules: int = 1, de
     lines += _summary(report)
     lines += _stage_table(report)
     lines += _bubble(report)
+    lines += _memory(report)
     lines += _layers(report)
     lines += _stragglers(report)
     lines += _instruction_tables(report)

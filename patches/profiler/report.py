@@ -37,6 +37,7 @@ from patches.profiler.instructions import (
     REDUCE_INSTRUCTIONS,
     schedule_bubble,
 )
+from patches.profiler.memory_report import add_layer_memory, per_gpu
 from patches.profiler.notes import NOTES
 from patches.profiler.phases import phase_fields
 from patches.profiler.stragglers import RankSample, straggler_view
@@ -309,10 +310,15 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         _check_replica(rank_entries, samples, context)
     pp, tp, dp = context.pipeline_parallel_size, context.tensor_parallel_size, context.data_parallel_size
     stages = []
+    memory_from = {}  # stage id -> the entry its memory figures come from
     for stage_id in range(pp):
         replica = sorted((e for e in rank_entries if e["stage_id"] == stage_id), key=lambda e: e["tp_rank"])
         max_dp_s = max(s.train_batch_s for s in samples if s.stage_id == stage_id)
         stages.append(_build_stage(stage_id, replica, max_dp_s))
+        memory = per_gpu(replica, int(context.step))
+        stages[-1]["memory"] = memory[0] if memory is not None else None
+        if memory is not None:
+            memory_from[stage_id] = memory[1]
     replica = rank_entries
     span = _schedule_span(replica)
     compute_s = {stage_id: max(_instruction_s(e["instructions"], FORWARD_INSTRUCTIONS + BACKWARD_INSTRUCTIONS)
@@ -330,6 +336,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         stage["tflops_per_gpu"] = stage_flops / rate_s / tp / 1e12
     bounding = max(stages, key=lambda s: (s["busy_s"], -s["stage_id"]))
     layers = layer_table(stages, replica)
+    add_layer_memory(layers, memory_from)
 
     fwd = sum(s["fwd_flops"] for s in stages)
     bwd = sum(s["bwd_flops"] for s in stages)

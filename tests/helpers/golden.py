@@ -5,6 +5,8 @@ Counts (FLOPs, params, calls, instruction counts), the layout, the tree, the not
 compared exactly. What a clock decides is replaced by a placeholder on both sides before comparing:
 seconds and the rates, shares and ratios made from them, and what the slowest stage or replica decides
 (the bounding stage, the slowest replica, the top modules by latency, the column widths of a table).
+So is what the allocator's levels decide in the memory figures (every byte alive in the process counts there);
+the state's bytes and the activations the layers save are compared exactly.
 """
 import json
 import re
@@ -23,10 +25,17 @@ EXACT_FLOATS = {"measured_over_analytic", "peak_tflops", "ideal_fraction", "log_
 # (The partition plan's parts, and the stage that bounds the partition that ran, follow the layers' times.)
 DECIDED_BY_TIME = {"bounding_stage", "slowest_dp_rank", "slowest_ranks", "log_line_note", "parts",
                    "current_bounding_stage", "warming_up_note"}
+# Memory figures read off the allocator's levels, and the tp rank they pick.
+DECIDED_BY_THE_ALLOCATOR = {"start_bytes", "end_bytes", "base_bytes", "kept_bytes_per_micro_batch",
+                            "outside_layers_bytes", "compute_transient_bytes", "step_transient_bytes",
+                            "compute_peak_bytes", "step_peak_bytes", "predicted_peak_bytes", "measured_peak_bytes",
+                            "measured_peak_instruction", "unseen_free_bytes", "global_rank"}
 
 # Summary lines whose whole value is measured (a rate, a ratio, a sentence quoting them).
 _MEASURED_LINES = re.compile(r"^(perturbation = |counting iteration / unprofiled|samples/second|tokens/second|"
-                             r"training log line's TFLOPs|why they differ|baseline$|\s*partition$)")
+                             r"training log line's TFLOPs|why they differ|baseline$|\s*partition$|\s+(kept per "
+                             r"micro-batch in flight|base \(alive|transients|predicted peak|measured peak))")
+_MEMORY_RANK = re.compile(r"^(stage \d+ \(rank )\d+(, iteration)")
 _TOP_BY_TIME = re.compile(r"^(\s+(?:fwd|bwd|recompute) latency\s+- ).*$")
 _DURATION = re.compile(r"\b\d+(?:\.\d+)? (?:s|ms|us)\b")
 _RATE = re.compile(r"\b\d+(?:\.\d+)? ?[KMGTPE]?FLOPS\b")
@@ -54,13 +63,14 @@ def normalise_text(text: str) -> str:
         for pattern in (_DURATION, _RATE, _PERCENT, _POINTS):
             line = pattern.sub(MEASURED, line)
         line = _BOUNDING_MARK.sub(r"\1", line)
+        line = _MEMORY_RANK.sub(r"\1" + MEASURED + r"\2", line)
         line = _BOUNDING_STAGE.sub(r"\1 " + MEASURED, line)
         out.append(" ".join(line.split()))  # a table's column widths follow its measured cells
     return "\n".join(out)
 
 
 def normalise_report(value: Any, key: str = "") -> Any:
-    if key in DECIDED_BY_TIME:
+    if key in DECIDED_BY_TIME or (key in DECIDED_BY_THE_ALLOCATOR and value is not None):
         return MEASURED
     if isinstance(value, dict):
         return {k: normalise_report(v, k) for k, v in value.items()}

@@ -74,11 +74,11 @@ def remove_shm_buffers(port):
         path.unlink(missing_ok=True)
 
 
-def run_pretrain(tmp_path, nprocs, extra_args, name="run", timeout=300):
-    """Run pretrain_gpt.py with the tiny GPT; returns (process, {iteration: loss})."""
+def run_pretrain(tmp_path, nprocs, extra_args, name="run", timeout=300, env=None):
+    """Run pretrain_gpt.py with the tiny GPT; returns (process, {iteration: loss}). env: variables to add."""
     loss_file = Path(tmp_path) / f"{name}_losses.jsonl"
     args = TINY_GPT + ["--loss-record-file", loss_file] + list(extra_args)
-    process = launch(REPO / "pretrain_gpt.py", nprocs, args, cwd=tmp_path, timeout=timeout)
+    process = launch(REPO / "pretrain_gpt.py", nprocs, args, cwd=tmp_path, timeout=timeout, env=env)
     return process, read_losses(loss_file)
 
 

@@ -1,0 +1,123 @@
+"""A stage's memory peak under any partition, from what one run measured (the report's `layers` and
+`stages[s].memory`; patches/profiler/memory.py measures them). No torch or DeepSpeed import.
+
+What moves with a layer (the layer table):
+  state_bytes       its parameters, their gradients and the optimizer's state, as held
+  activation_bytes  what its forward keeps for backward, per micro-batch
+What stays with a stage position (stages[s].memory):
+  base_bytes               alive at the iteration's start besides the state (the last stage's kept outputs, data)
+  outside_layers_bytes     what a micro-batch in flight holds besides its layers' activations (its input and output
+                           buffers, the loss)
+  in_flight_micro_batches  the schedule's, as it ran (DeepSpeed's 1F1B: min(pp - s, micro-batches))
+  compute_transient_bytes  the largest rise of a forward or backward above its ends (the head's logits)
+  step_transient_bytes     the optimizer step's, with the state it was measured with: it scales with the state
+                           (the optimizer's temporaries follow what it updates)
+
+    peak = base + state + max(in_flight x (activations + outside) + compute transient,
+                              step transient x state / state measured)
+
+For as many stages as ran, each position keeps its measured terms. For another number of stages, the first and
+the last keep theirs, the stages between take the run's second stage's (or the first's, from a 2-stage run), and
+the micro-batches in flight are DeepSpeed's 1F1B's, min(pp - s, micro-batches): another schedule's in another
+layout is not known, and is refused.
+"""
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+ONE_F_ONE_B = "TrainSchedule"  # DeepSpeed's schedule class, as the report names it
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """What one layer takes wherever it goes."""
+    index: int
+    state_bytes: int
+    activation_bytes: int  # per micro-batch
+
+
+@dataclass(frozen=True)
+class PositionMemory:
+    """What a stage position takes whatever layers it holds."""
+    base_bytes: int
+    outside_layers_bytes: int  # per micro-batch in flight
+    in_flight_micro_batches: int
+    compute_transient_bytes: int
+    step_transient_bytes: int
+    step_state_bytes: int  # the stage's state when its step transient was measured
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    """One stage's predicted peak and its parts."""
+    state_bytes: int
+    activation_bytes: int  # per micro-batch in flight: its layers' and its position's outside them
+    compute_peak_bytes: int  # base + state + in flight x activations + compute transient
+    step_peak_bytes: int  # base + state + the step transient, scaled to the state
+    predicted_peak_bytes: int  # the larger of the two
+
+
+def stage_peak(state_bytes: int, layer_activation_bytes: int, position: PositionMemory) -> StagePeak:
+    """The peak of a stage at `position` holding layers of these totals."""
+    activation = layer_activation_bytes + position.outside_layers_bytes
+    held = position.base_bytes + state_bytes
+    compute = held + position.in_flight_micro_batches * activation + position.compute_transient_bytes
+    step_transient = (position.step_transient_bytes * state_bytes // position.step_state_bytes
+                      if position.step_state_bytes else position.step_transient_bytes)
+    step = held + step_transient
+    return StagePeak(state_bytes, activation, compute, step, max(compute, step))
+
+
+def predict_peaks(layers: Sequence[LayerMemory], positions: Sequence[PositionMemory], parts: Sequence[int],
+                  micro_batches: int, schedule: Optional[str] = ONE_F_ONE_B) -> List[StagePeak]:
+    """Each stage's peak with the layers cut at `parts` (stage s holds layers parts[s] .. parts[s + 1] - 1);
+    positions: as measured, one per stage that ran (see the module docstring for another number of stages)."""
+    ordered = sorted(layers, key=lambda layer: layer.index)
+    parts = list(parts)
+    if len(parts) < 2 or parts[0] != 0 or parts[-1] != len(ordered) or any(a >= b for a, b in zip(parts, parts[1:])):
+        raise ValueError(f"parts {parts} do not cut {len(ordered)} layers into non-empty stages")
+    stages = len(parts) - 1
+    peaks = []
+    for stage, position in enumerate(positions_for(positions, stages, micro_batches, schedule)):
+        held = ordered[parts[stage]:parts[stage + 1]]
+        peaks.append(stage_peak(sum(layer.state_bytes for layer in held),
+                                sum(layer.activation_bytes for layer in held), position))
+    return peaks
+
+
+def positions_for(positions: Sequence[PositionMemory], stages: int, micro_batches: int,
+                  schedule: Optional[str] = ONE_F_ONE_B) -> List[PositionMemory]:
+    """The positions of `stages` stages (see the module docstring)."""
+    positions = list(positions)
+    if stages == len(positions):
+        return positions
+    if schedule != ONE_F_ONE_B:
+        raise ValueError(f"the run's schedule ({schedule}) keeps micro-batches in flight in a way not known for "
+                         f"{stages} stages: predict for {len(positions)}, as it ran")
+    if stages == 1:
+        chosen = [positions[-1]]
+    else:
+        middle = positions[1] if len(positions) > 2 else positions[0]
+        chosen = [positions[0]] + [middle] * (stages - 2) + [positions[-1]]
+    return [PositionMemory(p.base_bytes, p.outside_layers_bytes, min(stages - s, micro_batches),
+                           p.compute_transient_bytes, p.step_transient_bytes, p.step_state_bytes)
+            for s, p in enumerate(chosen)]
+
+
+# ---------------------------------------------------------------- a report's terms
+def position_of(memory: dict) -> Optional[PositionMemory]:
+    """A stage's position terms from its report `memory`; None where the allocator was not read."""
+    if memory is None or memory.get("predicted_peak_bytes") is None:
+        return None
+    return PositionMemory(memory["base_bytes"], memory["outside_layers_bytes"], memory["in_flight_micro_batches"],
+                          memory["compute_transient_bytes"], memory["step_transient_bytes"], memory["state_bytes"])
+
+
+def memory_terms_of(report: dict) -> Optional[Tuple[List[LayerMemory], List[PositionMemory]]]:
+    """(layers, positions) of a report whose every stage and layer has its memory measured; else None."""
+    positions = [position_of(stage.get("memory")) for stage in report.get("stages") or ()]
+    layers = report.get("layers")
+    if not positions or None in positions or not layers:
+        return None
+    if any(row.get("state_bytes") is None or row.get("activation_bytes") is None for row in layers):
+        return None
+    return [LayerMemory(row["index"], row["state_bytes"], row["activation_bytes"]) for row in layers], positions

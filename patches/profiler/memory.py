@@ -1,0 +1,240 @@
+"""What one rank's stage holds in memory over one iteration, measured as it ran: the figures the report's
+`stages[s].memory` and the layer table's `activation_bytes` / `state_bytes` come from.
+
+    memory = MemoryMeasurement.started(engine, accelerator)   # between iterations
+    with memory.instruction(name, buffer_id): ...             # every schedule instruction (EngineHooks' timer)
+    stage_memory = memory.stop()                              # StageMemory: local to the rank, no hook left
+
+Three readings, each torch's own (their files say how):
+- the state (held_state.py): parameters and gradients as held when the optimizer step starts (every gradient is
+  there), the optimizer's state when it ends (a first step creates it);
+- the activations each layer keeps for backward per micro-batch (kept_activations.py);
+- the allocator around every instruction (allocator_trace.py).
+From them, the terms of the peak (derived by allocator_terms, a pure function):
+  base         the bytes alive at the start that are no state (the last stage's outputs DeepSpeed keeps from the
+               iteration before, the data, ...). Not at the end: what an iteration still holds when it returns
+               (its loss, Megatron's logging) is let go before the next one starts. A process's first iteration
+               starts without what it then makes to keep (the optimizer's state, receive buffers): measure a
+               later one for the steady state
+  in flight    the most micro-batches forwarded and not yet backwarded (the schedule as it ran)
+  kept         what one micro-batch in flight holds: the median of its forward's net allocation (its
+               LoadMicroBatch or RecvActivation included); its layers' saved activations are part of it
+  transients   the compute's: the largest rise of one instruction (ForwardPass, BackwardPass, ...) above both its
+               ends (the head's logits, a recompute); the step's: the highest level of the optimizer step's
+               instructions (ReduceTiedGrads, ReduceGrads, OptimizerStep) above base and state, everything the
+               step holds besides them (the optimizer's temporaries, ZeRO's reduction buckets, whenever made)
+  predicted peak = base + state + max(in flight x kept + compute transient, step transient)
+  measured peak  = the allocator's highest level in the iteration
+The report composes these with the layer table (partition/memory_model.py makes the prediction, for these parts
+or any other).
+
+It measures the iteration where the FLOPs are counted (the dispatch mode's: one_step.ProfileSchedule's N - 1),
+so the profiled iteration runs without any of it; where that iteration is the profiled one, its timing carries
+this too, as it carries the dispatch mode (the report's perturbation says how much).
+"""
+import contextlib
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import torch
+from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from patches.profiler.allocator_trace import AllocatorTrace, InstructionMemory, allocator_recorder
+from patches.profiler.held_state import HeldState, held_state
+from patches.profiler.kept_activations import KeptActivations
+
+# The instructions of the optimizer step; every other instruction is compute (or a message).
+STEP_INSTRUCTIONS = ("ReduceTiedGrads", "ReduceGrads", "OptimizerStep")
+# What a micro-batch's forward side allocates before its ForwardPass: its input.
+_INPUT_INSTRUCTIONS = ("LoadMicroBatch", "RecvActivation")
+# The instruction after which a micro-batch no longer holds its activations (zero-bubble: the input-gradient pass).
+_RELEASING_INSTRUCTIONS = ("BackwardPass", "BackwardOnlyPass")
+
+
+@dataclass(frozen=True)
+class AllocatorTerms:
+    """The peak's terms read off the allocator trace (allocator_terms)."""
+    start_bytes: int
+    end_bytes: int
+    base_bytes: int
+    kept_bytes_per_micro_batch: int
+    in_flight_micro_batches: int
+    compute_transient_bytes: int
+    step_transient_bytes: int
+    measured_peak_bytes: int
+    measured_peak_instruction: Optional[str]
+    unseen_free_bytes: int
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One rank's memory over the measured iteration, per GPU (see the module docstring)."""
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    optimizer_created_bytes: int  # optimizer state created in the measured step (a first step creates Adam's)
+    layer_activation_bytes: Dict[int, int]  # layer index -> what its forward keeps for backward, per micro-batch
+    layer_state_bytes: Dict[int, int]  # layer index -> its share of the state, by its parameters
+    layer_recompute_bytes: Dict[int, int]  # layer index -> what its recompute saves (during its backward only)
+    outside_layers_activation_bytes: int  # saved for backward by no layer, per micro-batch
+    micro_batches: int
+    basis: Optional[str]  # how the allocator was read; None where it was not
+    not_read: Optional[str] = None  # why the allocator was not read
+    allocator: Optional[AllocatorTerms] = None
+
+    @property
+    def state_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    def as_dict(self) -> dict:
+        """The entry's form: JSON keys are strings, so the layers are [index, bytes] pairs in index order."""
+        data = asdict(self)
+        for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes"):
+            data[name] = sorted([int(index), int(size)] for index, size in data[name].items())
+        data["state_bytes"] = self.state_bytes
+        return data
+
+
+def allocator_terms(trace: AllocatorTrace, state_at_start: int, state_bytes: int) -> AllocatorTerms:
+    """The terms of the module docstring from one iteration's allocator trace; state_at_start: the state's bytes
+    alive when it started; state_bytes: all of it, as the step holds it."""
+    instructions = trace.instructions
+    base = trace.start_bytes - state_at_start
+    step_high = max((i.high for i in instructions if i.name in STEP_INSTRUCTIONS), default=None)
+    return AllocatorTerms(
+        start_bytes=trace.start_bytes,
+        end_bytes=trace.end_bytes,
+        base_bytes=base,
+        kept_bytes_per_micro_batch=_kept_per_micro_batch(instructions),
+        in_flight_micro_batches=_in_flight(instructions),
+        compute_transient_bytes=max((i.high - max(i.start, i.end) for i in instructions
+                                     if i.name not in STEP_INSTRUCTIONS), default=0),
+        step_transient_bytes=max(0, step_high - base - state_bytes) if step_high is not None else 0,
+        measured_peak_bytes=trace.peak_bytes,
+        measured_peak_instruction=trace.peak_instruction,
+        unseen_free_bytes=trace.unseen_free_bytes)
+
+
+def _kept_per_micro_batch(instructions: Sequence[InstructionMemory]) -> int:
+    """The median over micro-batches of a forward's net allocation, with that of its input's instruction."""
+    input_net: Dict[Optional[int], int] = {}
+    nets = []
+    for instruction in instructions:
+        net = instruction.end - instruction.start
+        if instruction.name in _INPUT_INSTRUCTIONS:
+            input_net[instruction.buffer_id] = input_net.get(instruction.buffer_id, 0) + net
+        elif instruction.name == "ForwardPass":
+            nets.append(net + input_net.pop(instruction.buffer_id, 0))
+    return int(statistics.median_low(nets)) if nets else 0
+
+
+def _in_flight(instructions: Sequence[InstructionMemory]) -> int:
+    """The most micro-batches forwarded and not yet backwarded; the one being backwarded still counts."""
+    running = most = 0
+    for instruction in instructions:
+        if instruction.name == "ForwardPass":
+            running += 1
+            most = max(most, running)
+        elif instruction.name in _RELEASING_INSTRUCTIONS:
+            running = max(0, running - 1)
+    return most
+
+
+class MemoryMeasurement:
+    """The three readings of one rank's stage over one iteration (see the module docstring)."""
+
+    def __init__(self, engine: DeepSpeedEngine, accelerator: DeepSpeedAccelerator,
+                 layers: Optional[List[dict]] = None):
+        """layers: the stage's layers (partition/layers.stage_layers), None off a PipelineModule."""
+        self.engine = engine
+        self.module = engine.module
+        self.layers = layers
+        self.optimizer = getattr(engine, "optimizer", None)
+        self.device_type = "cpu" if accelerator.device_name() == "cpu" else accelerator.device_name()
+        self.recorder = allocator_recorder(accelerator)
+        self.kept = KeptActivations(self.module)
+        self._at_start: Optional[HeldState] = None
+        self._before_step: Optional[HeldState] = None
+        self._after_step: Optional[HeldState] = None
+        self._optimizer_before_step = 0
+
+    @classmethod
+    def started(cls, engine: DeepSpeedEngine, accelerator: DeepSpeedAccelerator,
+                layers: Optional[List[dict]] = None) -> "MemoryMeasurement":
+        memory = cls(engine, accelerator, layers)
+        memory.start()
+        return memory
+
+    def start(self) -> None:
+        self._at_start = held_state(self.module, self.optimizer)
+        self.kept.attach()
+        try:
+            self.recorder.start(self._at_start.all)
+        except BaseException:
+            self.kept.remove()
+            raise
+
+    @contextlib.contextmanager
+    def instruction(self, name: str, buffer_id: Optional[int] = None) -> Iterator[None]:
+        """One schedule instruction: the allocator around it, what it saves for backward, and the state around the
+        optimizer step."""
+        if name == "OptimizerStep":
+            self._before_step = held_state(self.module, self.optimizer)
+        with self.recorder.instruction(name, buffer_id), self.kept.saving():
+            yield
+        if name == "OptimizerStep":
+            self._after_step = held_state(self.module, self.optimizer)
+
+    def stop(self) -> StageMemory:
+        """Every hook off; what was measured."""
+        self.kept.remove()
+        trace = self.recorder.stop()
+        before = self._before_step or held_state(self.module, self.optimizer)  # no step ran: as held now
+        after = self._after_step or before
+        kept = self.kept.result()
+        state = before.param_bytes + before.grad_bytes + after.optimizer_bytes
+        terms = None
+        if trace is not None:
+            terms = allocator_terms(trace, _on_device(self._at_start.all(), self.device_type), state)
+        return StageMemory(
+            param_bytes=before.param_bytes, grad_bytes=before.grad_bytes, optimizer_bytes=after.optimizer_bytes,
+            optimizer_created_bytes=max(0, after.optimizer_bytes - before.optimizer_bytes),
+            layer_activation_bytes=kept.layers, layer_state_bytes=self._layer_state_bytes(state),
+            layer_recompute_bytes=kept.recompute, outside_layers_activation_bytes=kept.outside_layers,
+            micro_batches=kept.micro_batches, basis=trace.basis if trace is not None else None,
+            not_read=self.recorder.not_read, allocator=terms)
+
+    def _layer_state_bytes(self, state: int) -> Dict[int, int]:
+        """Each layer's share of the state, by its parameters on this rank."""
+        return shares(state, layer_param_numels(self.module, self.layers or []))
+
+
+def shares(total: int, weights: Dict[int, int]) -> Dict[int, int]:
+    """`total` split in proportion to `weights`, in whole bytes that add up to it: each share rounded down, the bytes
+    left over one each to the largest remainders (the lower index first); all zeros where no weight is."""
+    weight = sum(weights.values())
+    if not weight:
+        return {index: 0 for index in weights}
+    split = {index: total * w // weight for index, w in weights.items()}
+    left = total - sum(split.values())
+    by_remainder = sorted(weights, key=lambda index: (-(total * weights[index] % weight), index))
+    for index in by_remainder[:left]:
+        split[index] += 1
+    return split
+
+
+def layer_param_numels(module: torch.nn.Module, layers: List[dict]) -> Dict[int, int]:
+    """Each layer's parameters' elements on this rank, from its node in the stage module (layers.stage_layers); a
+    tied module used by several layers of the stage split evenly among them; a function layer has none."""
+    uses: Dict[str, int] = {}
+    for layer in layers:
+        if layer["node"]:
+            uses[layer["node"]] = uses.get(layer["node"], 0) + 1
+    return {layer["index"]: sum(p.numel() for p in module.get_submodule(layer["node"]).parameters())
+            // uses[layer["node"]] if layer["node"] else 0 for layer in layers}
+
+
+def _on_device(storages: dict, device_type: str) -> int:
+    return sum(size for (device, _), size in storages.items() if device.split(":")[0] == device_type)

@@ -1,0 +1,80 @@
+"""partition/memory_model.py: each stage's predicted memory peak for any partition, from a report's terms, against
+sums done by hand."""
+import json
+
+import pytest
+
+from patches.partition.memory_model import (
+    LayerMemory,
+    PositionMemory,
+    memory_terms_of,
+    positions_for,
+    predict_peaks,
+    stage_peak,
+)
+from tests.helpers.golden import GOLDEN
+
+# Four layers: an embedding (much state, small activations), two blocks, a head (big activations).
+LAYERS = [LayerMemory(0, state_bytes=4000, activation_bytes=10), LayerMemory(1, 1000, 300),
+          LayerMemory(2, 1000, 300), LayerMemory(3, 2000, 50)]
+FIRST = PositionMemory(base_bytes=100, outside_layers_bytes=20, in_flight_micro_batches=2,
+                       compute_transient_bytes=30, step_transient_bytes=5000, step_state_bytes=5000)
+LAST = PositionMemory(base_bytes=700, outside_layers_bytes=400, in_flight_micro_batches=1,
+                      compute_transient_bytes=900, step_transient_bytes=1500, step_state_bytes=3000)
+
+
+def test_a_stage_peak_is_its_compute_or_its_step():
+    # compute: 100 + 5000 + 2 x (310 + 20) + 30 = 5790; step: 100 + 5000 + 5000 x 5000 / 5000 = 10100
+    peak = stage_peak(5000, 310, FIRST)
+    assert (peak.compute_peak_bytes, peak.step_peak_bytes, peak.predicted_peak_bytes) == (5790, 10100, 10100)
+    assert peak.activation_bytes == 330 and peak.state_bytes == 5000
+
+
+def test_the_partition_that_ran_and_another():
+    ran = predict_peaks(LAYERS, [FIRST, LAST], [0, 2, 4], micro_batches=8)
+    # stage 1: state 3000, activations 350 + 400; compute 700 + 3000 + 750 + 900 = 5350; step 700 + 3000 + 1500
+    assert [p.predicted_peak_bytes for p in ran] == [10100, 5350]
+    moved = predict_peaks(LAYERS, [FIRST, LAST], [0, 1, 4], micro_batches=8)
+    # stage 0: state 4000; compute 100 + 4000 + 2 x 30 + 30 = 4190; step 100 + 4000 + 5000 x 4000 // 5000 = 8100
+    # stage 1: state 4000, activations 650 + 400; compute 700 + 4000 + 1050 + 900 = 6650; step 700 + 4000 + 2000
+    assert [(p.compute_peak_bytes, p.step_peak_bytes) for p in moved] == [(4190, 8100), (6650, 6700)]
+    assert [p.predicted_peak_bytes for p in moved] == [8100, 6700]
+
+
+def test_another_number_of_stages_keeps_the_ends_and_takes_1f1b_in_flight():
+    middle = PositionMemory(50, 20, 2, 10, 100, 1000)
+    three = [FIRST, middle, LAST]
+    four = positions_for(three, 4, micro_batches=3)
+    assert [p.in_flight_micro_batches for p in four] == [3, 3, 2, 1]  # min(pp - s, m)
+    assert [p.base_bytes for p in four] == [100, 50, 50, 700]
+    assert [p.base_bytes for p in positions_for([FIRST, LAST], 3, 8)] == [100, 100, 700]
+    assert positions_for([FIRST, LAST], 1, 8) == [PositionMemory(700, 400, 1, 900, 1500, 3000)]
+    peaks = predict_peaks(LAYERS, [FIRST, LAST], [0, 1, 2, 3, 4], micro_batches=8)
+    # stage 2 (a middle one, the first's terms, 2 in flight): 100 + 1000 + 2 x 320 + 30 = 1770; step 100 + 1000
+    # + 5000 x 1000 // 5000 = 2100
+    assert peaks[2].predicted_peak_bytes == 2100 and peaks[2].compute_peak_bytes == 1770
+    assert peaks[1].compute_peak_bytes == 100 + 1000 + 3 * 320 + 30  # 4 - 1 in flight
+
+
+def test_bad_parts_and_an_unknown_schedule_elsewhere_are_refused():
+    with pytest.raises(ValueError, match=r"parts \[0, 2, 2, 4\] do not cut 4 layers"):
+        predict_peaks(LAYERS, [FIRST, LAST], [0, 2, 2, 4], 8)
+    with pytest.raises(ValueError, match="ZeroBubbleH1Pipeline"):
+        predict_peaks(LAYERS, [FIRST, LAST], [0, 1, 2, 4], 8, schedule="ZeroBubbleH1Pipeline")
+    assert len(predict_peaks(LAYERS, [FIRST, LAST], [0, 1, 4], 8, schedule="ZeroBubbleH1Pipeline")) == 2
+
+
+def test_a_reports_terms_give_back_its_own_predicted_peaks():
+    report = json.loads((GOLDEN / "fork.report.json").read_text())
+    layers, positions = memory_terms_of(report)
+    parts = report["partition_plan"]["current_parts"]
+    peaks = predict_peaks(layers, positions, parts, report["parallelism"]["micro_batches"])
+    assert [p.predicted_peak_bytes for p in peaks] == [s["memory"]["predicted_peak_bytes"] for s in report["stages"]]
+    assert [p.state_bytes for p in peaks] == [s["memory"]["state_bytes"] for s in report["stages"]]
+
+
+def test_a_report_without_memory_has_no_terms():
+    report = json.loads((GOLDEN / "fork.report.json").read_text())
+    for stage in report["stages"]:
+        stage["memory"] = None
+    assert memory_terms_of(report) is None

@@ -1,0 +1,82 @@
+"""The report's memory (patches/profiler/memory_report.py, report.build_report, the printer, the schema), from the
+golden fork run's real entries (tests/data/golden/fork.build_inputs.json: pp 2 x tp 2, checkpointed)."""
+import copy
+import json
+
+import jsonschema
+import pytest
+
+from patches.profiler.files import validate_report
+from patches.profiler.memory_report import per_gpu, stage_memory
+from patches.profiler.printer import format_report
+from patches.profiler.report import build_report
+from patches.profiler.stragglers import RankSample
+from tests.helpers.golden import GOLDEN
+from tests.test_report_golden import recorded_context
+
+
+@pytest.fixture
+def inputs():
+    return json.loads((GOLDEN / "fork.build_inputs.json").read_text())
+
+
+def _report(inputs):
+    return build_report(inputs["entries"], recorded_context(inputs["context"]),
+                        [RankSample(**sample) for sample in inputs["samples"]])
+
+
+def test_each_stage_shows_its_tp_rank_with_the_largest_predicted_peak(inputs):
+    report = _report(inputs)
+    validate_report(report)
+    for stage in report["stages"]:
+        entries = [e for e in inputs["entries"] if e["stage_id"] == stage["stage_id"]]
+        candidates = [stage_memory(e, 2) for e in entries]
+        assert stage["memory"] == per_gpu(entries, 3)[0]
+        assert stage["memory"]["predicted_peak_bytes"] == max(c["predicted_peak_bytes"] for c in candidates)
+        memory = stage["memory"]
+        assert memory["iteration"] == 2  # where the FLOPs were counted
+        assert memory["predicted_peak_bytes"] == memory["base_bytes"] + memory["state_bytes"] + max(
+            memory["in_flight_micro_batches"] * memory["kept_bytes_per_micro_batch"]
+            + memory["compute_transient_bytes"], memory["step_transient_bytes"])
+        assert memory["kept_bytes_per_micro_batch"] == memory["layer_activation_bytes"] + memory["outside_layers_bytes"]
+        rows = [row for row in report["layers"] if row["stage"] == stage["stage_id"]]
+        assert sum(row["state_bytes"] for row in rows) == memory["state_bytes"]
+        assert sum(row["activation_bytes"] for row in rows) == memory["layer_activation_bytes"]
+
+
+def test_a_stage_whose_allocator_was_not_read_shows_its_state_and_layers(inputs):
+    for entry in inputs["entries"]:
+        if entry["stage_id"] == 1:
+            entry["memory"] = dict(entry["memory"], allocator=None, basis=None,
+                                   not_read="torch.profiler was already running in this process (one profiler at a "
+                                            "time)")
+    report = _report(inputs)
+    validate_report(report)
+    memory = report["stages"][1]["memory"]
+    assert memory["predicted_peak_bytes"] is None and memory["measured_peak_bytes"] is None
+    assert memory["state_bytes"] == memory["param_bytes"] + memory["grad_bytes"] + memory["optimizer_bytes"] > 0
+    assert all(row["activation_bytes"] is not None for row in report["layers"])
+    assert ("n/a: the allocator was not read (torch.profiler was already running in this process (one profiler at a "
+            "time))") in format_report(report)
+
+
+def test_entries_without_memory_give_nulls(inputs):
+    for entry in inputs["entries"]:
+        entry.pop("memory")
+    report = _report(inputs)
+    validate_report(report)
+    assert [stage["memory"] for stage in report["stages"]] == [None, None]
+    assert {(row["activation_bytes"], row["state_bytes"]) for row in report["layers"]} == {(None, None)}
+    assert "Memory per GPU" not in format_report(report) and "kept/micro-batch" not in format_report(report)
+
+
+def test_the_schema_holds_the_memory_fields(inputs):
+    report = _report(inputs)
+    broken = copy.deepcopy(report)
+    del broken["stages"][0]["memory"]["predicted_peak_bytes"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report(broken)
+    broken = copy.deepcopy(report)
+    broken["layers"][0]["state_bytes"] = -1
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report(broken)
