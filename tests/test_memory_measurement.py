@@ -120,11 +120,10 @@ def _kept(stage, micro_batches=2, loss_outside=True):
     kept.attach()
     for _ in range(micro_batches):
         x = torch.randn(MB, 16, requires_grad=True)
-        with kept.saving():
-            out = stage(x)
-            loss = (out * out).sum() if loss_outside else out.sum()  # x * x saves its input (the stage's output)
-        with kept.saving():
-            loss.backward()
+        out = stage(x)
+        loss = (out * out).sum() if loss_outside else out.sum()  # x * x saves its input (the stage's output)
+        kept.forwarded([loss])  # the forward's end (its instruction's, in a pipeline)
+        loss.backward()
     kept.remove()
     return kept.result()
 
@@ -143,10 +142,43 @@ def test_a_checkpointed_layer_keeps_its_input_and_its_recompute_is_apart(checkpo
     # each chunk saves its input: x for up, up's output for relu, relu's output for down
     assert kept.layers == {3: X_BYTES, 4: HIDDEN_BYTES, 5: HIDDEN_BYTES}
     # in backward each layer runs again and saves what it saves unchecked (its input or output, as a new storage);
-    # torch's non-reentrant checkpoint recomputes under saved-tensor hooks of its own, which no other hook sees
+    # torch's non-reentrant checkpoint recomputes under saved-tensor hooks of its own, whose tensors are not read
     recomputed = {3: X_BYTES, 4: HIDDEN_BYTES, 5: HIDDEN_BYTES} if checkpoint != "torch_non_reentrant" else \
         {3: 0, 4: 0, 5: 0}
     assert kept.recompute == recomputed
+
+
+class _SetsWeightGrad(torch.autograd.Function):
+    """A linear whose backward sets its weight's .grad itself, as upstream's WeightGradStore does."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        weight.grad = grad.t() @ x
+        return grad @ weight, None
+
+
+def test_a_backward_gets_the_tensors_it_saved_themselves():
+    """The measurement installs no saved-tensor hook: under one, the backward would get a copy of the weight and
+    its .grad would be lost (the parameter's stays None; under zero-bubble the stages then hang)."""
+    stage = Stage()
+    stage.forward_funcs[0] = lambda x: _SetsWeightGrad.apply(x, stage.up.weight)
+    for measured in (False, True):
+        stage.up.weight.grad = None
+        kept = KeptActivations(stage)
+        if measured:
+            kept.attach()
+        loss = stage(torch.randn(MB, 16, requires_grad=True)).sum()
+        kept.forwarded([loss])
+        loss.backward()
+        kept.remove()
+        assert stage.up.weight.grad is not None
+    assert kept.result().layers[3] == X_BYTES  # what the custom Function saved: its input (the weight excluded)
 
 
 def test_the_hooks_come_off():

@@ -1,29 +1,38 @@
 """The bytes each layer's forward keeps for its backward, per micro-batch, as the iteration ran.
 
-torch's saved_tensors_hooks see every tensor autograd saves for backward; each storage is counted once per
-micro-batch (a tensor saved by two ops, or a layer's output saved as the next layer's input, once: for the layer
-that saved it first), parameters and module buffers not at all. Where it is counted:
+What autograd keeps for backward is read off the graph a forward leaves, once that forward has returned: each new
+graph node's saved tensors (its `_raw_saved_*` SavedTensors' data, a custom Function's included). No
+saved-tensor hook is installed: under one, autograd hands a backward a fresh tensor object for every tensor it
+saved, parameters included, so a backward that sets `weight.grad` (upstream's WeightGradStore) or reads an
+attribute of its weight (Megatron's `main_grad`) would act on a copy, and the measured iteration would train
+differently (or its stages reduce different gradients and hang). A SavedTensor's data is read without unpacking
+it: nothing is made or run. Each storage is counted once per micro-batch (a tensor saved by two ops,
+or a layer's output saved as the next layer's input, once: for the layer whose graph holds it first),
+parameters and module buffers not at all. Where it is counted:
 
-- to the layer running (a PipelineModule's forward_funcs entry, proxied while measuring);
+- to the layer that made the node (a PipelineModule's forward_funcs entry, proxied while measuring): its graph,
+  walked from its outputs back to its inputs, once it returns;
 - a checkpointed chunk's inputs to the chunk's first layer: a checkpointed layer keeps its input only. Every
-  checkpoint keeps the tensors it is called with until its backward, but not every one saves them where a hook
-  sees (DeepSpeed's keeps them as an attribute of its autograd context): they are counted from the call itself
-  (activation_checkpoint_func, proxied while measuring), once per storage like any other;
-- anything else (the loss on the last stage, a plain engine's whole forward) to the stage itself.
+  checkpoint keeps the tensors it is called with until its backward (on its autograd context, or saved): they are
+  counted from the call itself (activation_checkpoint_func, proxied while measuring), and the chunk's own graph is
+  never read (torch's non-reentrant checkpoint saves through hooks of its own, whose unpack recomputes);
+- the rest of the micro-batch's graph (the loss on the last stage), walked from the forward's outputs
+  (forwarded(), at its instruction's end), to the stage itself.
 
-What a checkpointed layer saves when its forward is re-run in backward (recompute) is counted apart: it is alive
-only while that micro-batch's backward runs.
+What a checkpointed layer saves when its forward is re-run in backward (recompute) is counted apart, from the
+graph of that call: it is alive only while that micro-batch's backward runs. Tensors saved under someone else's
+saved-tensor hooks are not read (their unpack is theirs to run): a layer that runs under them counts nothing.
 """
-import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 import torch
 
 from patches.profiler.held_state import storage_key
 
 _graph_task_id = torch._C._current_graph_task_id
+_RAW_SAVED_PREFIX = "_raw_saved_"
 
 
 @dataclass(frozen=True)
@@ -36,17 +45,18 @@ class KeptBytes:
 
 
 class KeptActivations:
-    """The hooks that count saved tensors on one stage module (see the module docstring)."""
+    """The proxies that count saved tensors on one stage module (see the module docstring)."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
         self._excluded: Set[object] = set()
-        self._layer: Optional[int] = None  # the layer running now
         self._chunk: Optional[_Chunk] = None  # the checkpointed chunk running now
         self._seen: Set[object] = set()  # storages counted in this micro-batch
+        # grad_fn of what the layers and chunks of this micro-batch's forward returned: a walk stops there (held
+        # until the forward's end only; the graph holds them then anyway)
+        self._walked: List[Any] = []
         self._micro_batches: List[Dict[Optional[int], int]] = []  # per forward: layer (None: outside) -> bytes
         self._recompute: Dict[int, int] = {}
-        self._recompute_call: Optional[List[Any]] = None  # [seen storages, bytes] of the recompute call running now
         self._undo: List[Callable[[], None]] = []
 
     def attach(self) -> None:
@@ -75,12 +85,16 @@ class KeptActivations:
         for undo in reversed(self._undo):
             undo()
         self._undo = []
+        self._walked = []
 
-    @contextlib.contextmanager
-    def saving(self) -> Iterator[None]:
-        """Count what autograd saves while this is open (around each schedule instruction)."""
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
-            yield
+    def forwarded(self, outputs: Iterable[Any]) -> None:
+        """A micro-batch's forward is over (its instruction's end): what its graph, walked back from `outputs`
+        (the stage's outputs, the loss), saved outside any layer counts to the stage."""
+        if _graph_task_id() == -1 and not _foreign_hooks():
+            stop = self._walked
+            for tensor in _saved_in_graph(_tensors(list(outputs)), stop):
+                self._count(tensor, None)
+        self._walked = []
 
     def result(self) -> KeptBytes:
         layers: Dict[int, int] = {}
@@ -97,51 +111,51 @@ class KeptActivations:
         if _graph_task_id() == -1:
             self._micro_batches.append({})
             self._seen = set()
+            self._walked = []
 
     def _layer_proxy(self, index: int, func: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args, **kwargs):
-            outer, outer_call = self._layer, self._recompute_call
-            self._layer = index
-            if self._chunk is not None and self._chunk.first is None:
-                self._chunk.first = index
-            recomputing = _graph_task_id() != -1
-            if recomputing:
-                self._recompute_call = [set(), 0]
-            try:
+            if self._chunk is not None:  # a checkpoint's forward: the chunk's call counts it
+                if self._chunk.first is None:
+                    self._chunk.first = index
                 return func(*args, **kwargs)
-            finally:
-                if recomputing:
-                    self._recompute[index] = max(self._recompute.get(index, 0), self._recompute_call[1])
-                self._layer, self._recompute_call = outer, outer_call
+            recomputing = _graph_task_id() != -1  # re-run inside backward: a checkpointed layer's recompute
+            if recomputing:
+                self._recompute.setdefault(index, 0)
+            if _foreign_hooks():  # saved through someone else's hooks (a non-reentrant checkpoint's): not read
+                return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
+            inputs = [t.grad_fn for t in _tensors(list(args) + list(kwargs.values())) if t.grad_fn is not None]
+            if recomputing:
+                seen, size = set(), 0
+                for tensor in _saved_in_graph(outputs, inputs):
+                    key = storage_key(tensor)
+                    if key is not None and key not in self._excluded and key not in seen:
+                        seen.add(key)
+                        size += tensor.untyped_storage().nbytes()
+                self._recompute[index] = max(self._recompute.get(index, 0), size)
+                return result
+            for tensor in _saved_in_graph(outputs, inputs + self._walked):
+                self._count(tensor, index)
+            self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]
+            return result
         return run
 
     def _chunk_proxy(self, checkpoint: Callable[..., Any]) -> Callable[..., Any]:
         def run(function, *args, **kwargs):
             outer, self._chunk = self._chunk, _Chunk()
             try:
-                return checkpoint(function, *args, **kwargs)
+                result = checkpoint(function, *args, **kwargs)
             finally:
                 chunk, self._chunk = self._chunk, outer
-                if _graph_task_id() == -1:  # the checkpoint keeps its inputs till its backward
-                    for tensor in chunk.saved + _tensors(args) + _tensors(list(kwargs.values())):
-                        self._count(tensor, chunk.first)
+            if _graph_task_id() == -1 and outer is None:  # the checkpoint keeps its inputs till its backward
+                for tensor in _tensors(list(args)) + _tensors(list(kwargs.values())):
+                    self._count(tensor, chunk.first)
+                outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
+                self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]  # its graph is not read
+            return result
         return run
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        key = storage_key(tensor)
-        if key is None or key in self._excluded:
-            return tensor
-        if _graph_task_id() != -1:  # saved inside backward: a checkpointed layer's recompute
-            call = self._recompute_call
-            if call is not None and key not in call[0]:
-                call[0].add(key)
-                call[1] += tensor.untyped_storage().nbytes()
-            return tensor
-        if self._layer is None and self._chunk is not None:
-            self._chunk.saved.append(tensor)  # the chunk's, counted once its first layer is known
-        else:
-            self._count(tensor, self._layer)
-        return tensor
 
     def _count(self, tensor: torch.Tensor, layer: Optional[int]) -> None:
         """A storage kept in this micro-batch, counted to `layer` (None: the stage) unless counted already."""
@@ -153,16 +167,59 @@ class KeptActivations:
         kept[layer] = kept.get(layer, 0) + tensor.untyped_storage().nbytes()
 
 
-def _unpack(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
-
-
 @dataclass
 class _Chunk:
-    """A checkpointed chunk while it runs: its first layer, and what was saved in it outside its layers (a
-    checkpoint may save its inputs before its first layer runs)."""
+    """A checkpointed chunk while it runs: the first layer it runs, which its inputs count to."""
     first: Optional[int] = None
-    saved: List[torch.Tensor] = field(default_factory=list)
+
+
+def _foreign_hooks() -> bool:
+    """Saved-tensor hooks are on (this measurement installs none): what is saved now is unpacked by them."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
+
+
+def _saved_in_graph(outputs: Sequence[torch.Tensor], stop: Sequence[Any]) -> Iterator[torch.Tensor]:
+    """The tensors saved by the graph nodes behind `outputs`, not walking into or past a node of `stop`. The
+    nodes met are held only while the walk runs (ids are compared while their objects are alive)."""
+    stopped = {id(node) for node in stop}
+    held = list(stop)
+    visited: Set[int] = set()
+    pending = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while pending:
+        node = pending.pop()
+        if node is None or id(node) in visited or id(node) in stopped:
+            continue
+        visited.add(id(node))
+        held.append(node)
+        yield from _saved_by(node)
+        pending.extend(next_node for next_node, _ in node.next_functions)
+
+
+def _saved_by(node: Any) -> List[torch.Tensor]:
+    """What one graph node saved for backward: its SavedTensors' data, read without unpacking them (nothing is
+    made or run); one saved through hooks (a non-reentrant checkpoint's) holds what its hook packed: not read."""
+    found: List[torch.Tensor] = []
+    for name in dir(node):
+        if not name.startswith(_RAW_SAVED_PREFIX):
+            continue
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # freed already (a graph backwarded): nothing kept
+            continue
+        for saved in value if isinstance(value, (tuple, list)) else [value]:
+            if isinstance(saved, torch._C._autograd.SavedTensor):
+                tensor = _unhooked_data(node, name, saved)
+                if isinstance(tensor, torch.Tensor):
+                    found.append(tensor)
+    return found
+
+
+def _unhooked_data(node: Any, name: str, saved: Any) -> Optional[torch.Tensor]:
+    if hasattr(saved, "unpack_hook"):
+        return saved.data if saved.unpack_hook is None else None
+    # torch before SavedTensor.data (2.5): the node's unpacked field, where it has one
+    value = getattr(node, "_saved_" + name[len(_RAW_SAVED_PREFIX):], None) if name != "_raw_saved_tensors" else None
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _tensors(values: Sequence[Any]) -> List[torch.Tensor]:

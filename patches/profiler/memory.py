@@ -178,12 +178,19 @@ class MemoryMeasurement:
 
     @contextlib.contextmanager
     def instruction(self, name: str, buffer_id: Optional[int] = None) -> Iterator[None]:
-        """One schedule instruction: the allocator around it, what it saves for backward, and the state around the
-        optimizer step."""
+        """One schedule instruction: the allocator around it, what a forward keeps for backward (read off its
+        graph once it is over), and the state around the optimizer step."""
         if name == "OptimizerStep":
             self._before_step = held_state(self.module, self.optimizer)
-        with self.recorder.instruction(name, buffer_id), self.kept.saving():
+        loss = getattr(self.engine, "loss", None)
+        with self.recorder.instruction(name, buffer_id):
             yield
+        if name == "ForwardPass":  # what its graph keeps outside the layers: behind its outputs and its loss
+            outputs = getattr(self.engine, "pipe_buffers", {}).get("outputs", [])
+            roots = [outputs[buffer_id]] if buffer_id is not None and buffer_id < len(outputs) else []
+            if getattr(self.engine, "loss", None) is not loss:  # the last stage's, made by this forward
+                roots.append(self.engine.loss)
+            self.kept.forwarded(roots)
         if name == "OptimizerStep":
             self._after_step = held_state(self.module, self.optimizer)
 
