@@ -5,7 +5,15 @@ import random
 
 import pytest
 
-from patches.partition.planner import LayerCost, balanced_parts, model_iter_s, plan, predict
+from patches.partition.planner import (
+    LayerCost,
+    balanced_parts,
+    least_peak_parts,
+    memory_bounded_parts,
+    model_iter_s,
+    plan,
+    predict,
+)
 
 
 def brute_force(costs, stages, overheads=None):
@@ -89,3 +97,64 @@ def test_any_partition_is_predicted_by_the_same_model():
     for bad in ([0, 3, 3, 6], [1, 6], [0, 7], [0]):
         with pytest.raises(ValueError, match="do not cut 6 layers into non-empty stages"):
             predict(layers, parts=bad, **measured)
+
+
+# ---------------------------------------------------------------- under a memory limit
+# Four layers of equal cost, cut in 2. A stage's peak, by hand: stage 0 keeps 2 micro-batches in flight, stage 1
+# one, so peak(0, a, b) = sum(state[a:b]) + 2 x sum(kept[a:b]), peak(1, a, b) = sum(state[a:b]) + sum(kept[a:b]).
+STATE, KEPT = [100, 100, 100, 100], [100, 1000, 100, 100]
+
+
+def hand_peak(stage, first, stop):
+    return sum(STATE[first:stop]) + (2 if stage == 0 else 1) * sum(KEPT[first:stop])
+
+
+# [0, 1, 4]: 100 + 200 = 300 and 300 + 1200 = 1500; [0, 2, 4]: 200 + 2200 = 2400 and 200 + 200 = 400;
+# [0, 3, 4]: 300 + 2400 = 2700 and 100 + 100 = 200. By time [0, 2, 4] (loads 2 and 2) is the best.
+def test_the_time_optimal_partition_over_the_limit_gives_way_to_one_within_it():
+    costs = [1.0, 1.0, 1.0, 1.0]
+    assert balanced_parts(costs, 2) == [0, 2, 4]
+    assert memory_bounded_parts(costs, 2, None, hand_peak, 2400) == ([0, 2, 4], None)  # within: <= the limit
+    assert memory_bounded_parts(costs, 2, None, hand_peak, 2399) == ([0, 1, 4], None)  # only [0, 1, 4] fits
+    assert memory_bounded_parts(costs, 2, None, hand_peak, 1500) == ([0, 1, 4], None)
+
+
+def test_no_partition_fits_the_closest_and_its_excess_exactly():
+    assert least_peak_parts(hand_peak, 4, 2) == ([0, 1, 4], 1500)
+    assert memory_bounded_parts([1.0] * 4, 2, None, hand_peak, 1499) == ([0, 1, 4], 1)
+    assert memory_bounded_parts([1.0] * 4, 2, None, hand_peak, 1000) == ([0, 1, 4], 500)
+    assert balanced_parts([1.0] * 4, 2, fits=lambda stage, first, stop: False) is None
+
+
+def test_among_the_closest_the_fastest():
+    # Both [0, 1, 4] and [0, 3, 4] peak at 30 at most, [0, 2, 4] at 40; by time [0, 3, 4] is the better of the two
+    peaks = {(0, 0, 1): 10, (1, 1, 4): 30, (0, 0, 2): 40, (1, 2, 4): 10, (0, 0, 3): 30, (1, 3, 4): 10}
+
+    def peak(*stage_first_stop):  # a stage that does not end at the last layer is never part of a partition
+        return peaks.get(stage_first_stop, 1000)
+
+    assert least_peak_parts(peak, 4, 2) == ([0, 1, 4], 30)  # ties: the earliest boundaries
+    assert memory_bounded_parts([1.0, 1.0, 1.0, 3.0], 2, None, peak, 20) == ([0, 3, 4], 10)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_memory_bounded_programme_is_the_brute_force(seed):
+    generator = random.Random(seed)
+    n = generator.randint(2, 8)
+    stages = min(generator.randint(1, 4), n)
+    costs = [generator.choice([0.5, 1.0, 2.0, 8.0]) for _ in range(n)]
+    sizes = [generator.randint(1, 9) for _ in range(n)]
+    in_flight = [stages - s for s in range(stages)]
+
+    def peak(stage, first, stop):
+        return in_flight[stage] * sum(sizes[first:stop])
+
+    limit = generator.randint(5, 40)
+    cuts = [[0, *c, n] for c in itertools.combinations(range(1, n), stages - 1)]
+    largest = {tuple(p): max(peak(s, p[s], p[s + 1]) for s in range(stages)) for p in cuts}
+    least = min(largest.values())
+    within = [p for p in cuts if largest[tuple(p)] <= max(limit, least)]
+    loads = {tuple(p): tuple(sorted((sum(costs[p[s]:p[s + 1]]) for s in range(stages)), reverse=True)) for p in cuts}
+    expected = min(within, key=lambda p: (loads[tuple(p)], p))
+    assert memory_bounded_parts(costs, stages, None, peak, limit) == (
+        expected, None if least <= limit else least - limit)

@@ -17,17 +17,28 @@ glue). The plan:
    optimizer step, loading data) is the measured iteration's time minus the model of the partition that
    ran, and is added unchanged: predicted = model(new) + (measured - model(current)).
 
-parse_size reads a memory size as a user writes it ('80GB', '1.5GiB'), for a per-stage memory limit.
+Under a memory limit (a report with memory terms, memory_model.py), the partition is the best of those whose every
+stage's predicted peak is within the limit (memory_bounded_parts): a stage's peak depends only on its layers and
+its position, so each candidate stage is kept or refused on its own inside the same dynamic programme. Where no
+partition fits, the plan is the one whose largest peak is the smallest (least_peak_parts), balanced among
+those, with by how much it exceeds.
+
+parse_size reads a memory size as a user writes it ('80GB', '1.5GiB'), for the per-stage memory limit.
 """
 import json
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from patches.errors import PatchConfigError
+from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
 from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
-from patches.profiler.units import duration_to_string
+from patches.profiler.units import bytes_to_string, duration_to_string
+
+DEVICE = "device"  # a limit's source: the accelerator's total memory (the others: 'flag', 'environment')
+# peak(stage, first, stop): the predicted memory peak of stage `stage` holding layers first .. stop - 1
+PeakOf = Callable[[int, int, int], int]
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,13 @@ def _loads(costs, parts, overheads):
     return [sum(costs[parts[s]:parts[s + 1]]) + overheads[s] for s in range(len(parts) - 1)]
 
 
-def balanced_parts(costs: Sequence[float], stages: int, overheads: Optional[Sequence[float]] = None) -> List[int]:
+def balanced_parts(costs: Sequence[float], stages: int, overheads: Optional[Sequence[float]] = None,
+                   fits: Optional[Callable[[int, int, int], bool]] = None) -> Optional[List[int]]:
     """The contiguous partition of `costs` into `stages` non-empty parts whose loads (a part's costs plus its
     position's overhead), sorted from the largest, are lexicographically smallest: the largest load as small as
-    it can be, then the second largest, and so on; ties broken by the earliest boundaries."""
+    it can be, then the second largest, and so on; ties broken by the earliest boundaries.
+    fits(stage, first, stop): whether that stage may hold costs first .. stop - 1 (None: any); with it, the best
+    of the partitions whose every stage fits, or None where none does."""
     n = len(costs)
     if not 1 <= stages <= n:
         raise ValueError(f"cannot cut {n} layers into {stages} non-empty stages")
@@ -70,14 +84,48 @@ def balanced_parts(costs: Sequence[float], stages: int, overheads: Optional[Sequ
     for k in range(1, stages + 1):
         for i in range(k, n - (stages - k) + 1):
             for j in range(k - 1, i):
-                if best[k - 1][j] is None:
+                if best[k - 1][j] is None or (fits is not None and not fits(k - 1, j, i)):
                     continue
                 loads, bounds = best[k - 1][j]
                 load = prefix[i] - prefix[j] + overheads[k - 1]
                 candidate = (tuple(sorted(loads + (load,), reverse=True)), bounds + (i,))
                 if best[k][i] is None or candidate < best[k][i]:
                     best[k][i] = candidate
-    return list(best[stages][n][1])
+    return list(best[stages][n][1]) if best[stages][n] is not None else None
+
+
+def least_peak_parts(peak: PeakOf, layers: int, stages: int) -> Tuple[List[int], int]:
+    """(parts, peak): the contiguous partition of `layers` layers into `stages` non-empty stages whose largest
+    peak(stage, first, stop) is the smallest, and that peak; ties broken by the earliest boundaries."""
+    if not 1 <= stages <= layers:
+        raise ValueError(f"cannot cut {layers} layers into {stages} non-empty stages")
+    # best[k][i]: (the largest peak, the boundaries) of the first i layers cut into k stages
+    best: List[List[Optional[Tuple[int, tuple]]]] = [[None] * (layers + 1) for _ in range(stages + 1)]
+    best[0][0] = (0, (0,))
+    for k in range(1, stages + 1):
+        for i in range(k, layers - (stages - k) + 1):
+            for j in range(k - 1, i):
+                if best[k - 1][j] is None:
+                    continue
+                largest, bounds = best[k - 1][j]
+                candidate = (max(largest, peak(k - 1, j, i)), bounds + (i,))
+                if best[k][i] is None or candidate < best[k][i]:
+                    best[k][i] = candidate
+    largest, bounds = best[stages][layers]
+    return list(bounds), largest
+
+
+def memory_bounded_parts(costs: Sequence[float], stages: int, overheads: Optional[Sequence[float]], peak: PeakOf,
+                         limit: int) -> Tuple[List[int], Optional[int]]:
+    """(parts, excess): balanced_parts among the partitions whose every stage's peak is at most `limit`, excess
+    None; where none is, balanced_parts among those whose largest peak is the smallest there is, and by how many
+    bytes that peak exceeds the limit."""
+    parts = balanced_parts(costs, stages, overheads, fits=lambda stage, first, stop: peak(stage, first, stop) <= limit)
+    if parts is not None:
+        return parts, None
+    _, least = least_peak_parts(peak, len(costs), stages)
+    parts = balanced_parts(costs, stages, overheads, fits=lambda stage, first, stop: peak(stage, first, stop) <= least)
+    return parts, least - limit
 
 
 def model_iter_s(stage_s: Sequence[float], micro_batches: int) -> float:
@@ -87,13 +135,19 @@ def model_iter_s(stage_s: Sequence[float], micro_batches: int) -> float:
 
 
 def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: Sequence[float],
-         measured_iter_s: float, micro_batches: int, stages: Optional[int] = None) -> Plan:
+         measured_iter_s: float, micro_batches: int, stages: Optional[int] = None, peak: Optional[PeakOf] = None,
+         limit: Optional[int] = None) -> Plan:
     """The best contiguous partition of `layers` (in index order) into `stages` (default: as many as ran), and the
     iteration time it predicts (see the module docstring). overhead_s: each stage position's compute that no
-    layer accounts for, as measured (for another number of stages, see _overheads_for)."""
+    layer accounts for, as measured (for another number of stages, see _overheads_for). peak and limit: the best
+    of those whose every stage's peak is within the limit (memory_bounded_parts)."""
     costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
     stages = stages or len(current_parts) - 1
-    parts = balanced_parts(costs, stages, _overheads_for(overhead_s, stages))
+    overheads = _overheads_for(overhead_s, stages)
+    if peak is not None and limit is not None:
+        parts, _ = memory_bounded_parts(costs, stages, overheads, peak, limit)
+    else:
+        parts = balanced_parts(costs, stages, overheads)
     return predict(layers, current_parts, overhead_s, measured_iter_s, micro_batches, parts)
 
 
@@ -143,20 +197,50 @@ class Basis:
 
 
 def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
-                   micro_batches: int, basis: Basis = Basis()) -> Optional[dict]:
+                   micro_batches: int, basis: Basis = Basis(), limit: Optional[int] = None,
+                   source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
     """The best contiguous partition of the measured layers over the stages that ran, and what it predicts
-    (above), beside the partition that ran; None without a layer table (or with one stage)."""
+    (above), beside the partition that ran; None without a layer table (or with one stage). limit: each stage's
+    memory peak at most this many bytes, where the stages and layers have their memory terms (source: where the
+    limit came from, 'flag', 'environment' or 'device')."""
     if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
         return None
-    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis=basis)
+    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis=basis,
+                           memory=memory_terms_of({"stages": stages, "layers": layers}), limit=limit, source=source,
+                           schedule=schedule)
+
+
+def peak_of(memory, stages: int, micro_batches: int, schedule: Optional[str]) -> Optional[PeakOf]:
+    """peak(stage, first, stop) for `stages` stages from memory_model's (layers, positions) terms; None where the
+    terms are missing or cannot say (another number of stages under another schedule than 1F1B)."""
+    if memory is None:
+        return None
+    layers, positions = memory
+    try:
+        chosen = positions_for(positions, stages, micro_batches, schedule)
+    except ValueError:
+        return None
+    state, kept = [0], [0]
+    for layer in sorted(layers, key=lambda layer: layer.index):
+        state.append(state[-1] + layer.state_bytes)
+        kept.append(kept[-1] + layer.activation_bytes)
+
+    def peak(stage: int, first: int, stop: int) -> int:
+        return stage_peak(state[stop] - state[first], kept[stop] - kept[first], chosen[stage]).predicted_peak_bytes
+
+    return peak
 
 
 def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
                     micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None,
-                    basis: Optional[Basis] = None) -> Optional[dict]:
+                    basis: Optional[Basis] = None, memory=None, limit: Optional[int] = None,
+                    source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
     """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
     cut_at: the prediction for these parts instead of the best ones. basis.time_scale scales every measured
-    time (the layers' and the stages' overheads, `overheads` as measured) to the steady iteration `iter_s`."""
+    time (the layers' and the stages' overheads, `overheads` as measured) to the steady iteration `iter_s`.
+    memory: memory_model.memory_terms_of's (layers, positions), for each stage's predicted peak; limit: the best
+    parts under it, by the same scaled times (source: where it came from); schedule: the run's, for the in-flight
+    micro-batches of another number of stages."""
     ran = len(parts) - 1
     pp = len(cut_at) - 1 if cut_at else pp or ran
     if len(layers) < pp or shared_on_one_stage(layers):
@@ -165,19 +249,30 @@ def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float]
     costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * scale) for row in layers]
     scaled_overheads = [overhead * scale for overhead in overheads]
     current = [sum(cost.seconds for cost in costs if cost.stage == s) + scaled_overheads[s] for s in range(ran)]
+    peak = peak_of(memory, pp, micro_batches, schedule)
+    if peak is None and source == DEVICE:  # the device's memory is a default, not asked for: planned by time
+        limit = source = None
     best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, cut_at) if cut_at else \
-        plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp)
+        plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit)
+    peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None
+    fits = max(peaks) <= limit if peaks is not None and limit is not None else None
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
             "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
             "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
             "predicted_change": best.predicted_iter_s / iter_s - 1, "predicted_bubble": best.predicted_bubble,
-            "basis": basis.as_dict() if basis is not None else None}
+            "basis": basis.as_dict() if basis is not None else None,
+            "memory_limit_bytes": limit, "memory_limit_source": source if limit is not None else None,
+            "predicted_peak_bytes": peaks, "memory_fits": fits,
+            "memory_excess_bytes": max(peaks) - limit if fits is False else None}
 
 
-def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None) -> dict:
+def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None,
+            limit: Optional[int] = None, source: Optional[str] = None) -> dict:
     """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it;
-    cut_at: its prediction for these parts instead (a partition the plan did not choose)."""
+    cut_at: its prediction for these parts instead (a partition the plan did not choose). limit (bytes): plan
+    with every stage's predicted peak within it (source: where it came from). A limit that the report's memory
+    terms cannot honour is a PatchConfigError, unless it is the device's (a default: planned by time)."""
     plan = report.get("partition_plan") or {}
     parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
     overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
@@ -191,8 +286,23 @@ def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[in
     stored = plan.get("basis")  # None in a report from before plans had one
     basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"]) \
         if stored else None
-    return plan_from_table(report["layers"], parts, overheads, iter_s, report["parallelism"]["micro_batches"], stages,
-                           cut_at, basis)
+    memory = memory_terms_of(report)
+    micro_batches = report["parallelism"]["micro_batches"]
+    schedule = (report.get("bubble") or {}).get("schedule")
+    asked = limit is not None and source != DEVICE
+    if asked and memory is None:
+        raise PatchConfigError(
+            f"a memory limit of {bytes_to_string(limit)} cannot be honoured: the profile report has no memory terms "
+            "(each stage's memory and each layer's state and activation bytes, measured by this profiler on a "
+            "pipeline run)")
+    if asked and peak_of(memory, len(cut_at) - 1 if cut_at else stages or len(parts) - 1, micro_batches,
+                         schedule) is None:
+        planned = len(cut_at) - 1 if cut_at else stages
+        raise PatchConfigError(
+            f"a memory limit of {bytes_to_string(limit)} cannot be honoured for {planned} stages: the run's schedule "
+            f"({schedule}) keeps micro-batches in flight in a way not known for them (plan for {len(parts) - 1})")
+    return plan_from_table(report["layers"], parts, overheads, iter_s, micro_batches, stages, cut_at, basis, memory,
+                           limit, source, schedule)
 
 
 def _as_ran(plan: dict) -> str:
@@ -200,16 +310,49 @@ def _as_ran(plan: dict) -> str:
             f"with parts {plan['current_parts']}")
 
 
+def _limit(plan: dict) -> str:
+    source = plan.get("memory_limit_source")
+    return f"{bytes_to_string(plan['memory_limit_bytes'])}" + (f" ({source})" if source else "")
+
+
+def memory_note(plan: dict) -> str:
+    """What the plan says of memory, '' where it has no limit: the stage with the least headroom under the limit,
+    or that the limit could not be read against (a report without memory terms)."""
+    if plan.get("memory_limit_bytes") is None:
+        return ""
+    peaks = plan.get("predicted_peak_bytes")
+    if peaks is None:
+        return f"; the memory limit of {_limit(plan)} is not honoured: the report has no memory terms"
+    tightest = peaks.index(max(peaks))
+    return (f"; stage {tightest} has the least memory headroom, {bytes_to_string(peaks[tightest])} predicted of "
+            f"{_limit(plan)}")
+
+
+def no_fit_line(plan: dict) -> str:
+    """A plan with memory_fits false, in one line: by how much the partition closest to the limit exceeds it."""
+    peaks = plan["predicted_peak_bytes"]
+    worst = peaks.index(max(peaks))
+    return (f"no partition of these {plan['parts'][-1]} layers into "
+            f"{plan['pipeline_parallel_size']} stages keeps every stage's predicted memory peak within "
+            f"{_limit(plan)}: the closest, parts {plan['parts']}, exceeds it by {plan['memory_excess_bytes']:,} bytes "
+            f"({bytes_to_string(plan['memory_excess_bytes'])}) on stage {worst}, "
+            f"{bytes_to_string(peaks[worst])} predicted")
+
+
 def plan_line(plan: dict) -> str:
     """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...' (the printer's line
-    under the layer table, and megatron-plan-partition's), then what its times rest on."""
+    under the layer table, and megatron-plan-partition's), then what its times rest on; under a memory limit, the
+    stage with the least headroom, or, where no partition fits, by how much the closest exceeds (no_fit_line)."""
     current = _as_ran(plan)
+    if plan.get("memory_fits") is False:
+        return f"partition: {current}; {no_fit_line(plan)}"
     if plan["parts"] == plan["current_parts"]:
-        return f"partition: {current}, already the best contiguous one for these layers' measured times"
+        return (f"partition: {current}, already the best contiguous one for these layers' measured times"
+                + memory_note(plan))
     return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
             f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
             f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
-            f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}")
+            f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}" + memory_note(plan))
 
 
 def basis_words(basis: Optional[dict]) -> str:
@@ -225,13 +368,20 @@ def basis_words(basis: Optional[dict]) -> str:
 
 def what_if_line(plan: dict) -> str:
     """plan_of(..., cut_at=parts) as one line: 'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 2, 7]
-    (pp 2) stage 0 bounds at ...' (megatron-plan-partition --parts: a partition the user names, which may be worse)."""
+    (pp 2) stage 0 bounds at ...' (megatron-plan-partition --parts: a partition the user names, which may be worse);
+    under a memory limit, the stage with the least headroom or by how much the largest peak exceeds it."""
     bounding = plan["stage_s"].index(plan["bound_s"])
-    return (f"partition: {_as_ran(plan)}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) "
+    line = (f"partition: {_as_ran(plan)}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) "
             f"stage {bounding} bounds at {duration_to_string(plan['bound_s'])}, iteration "
             f"{duration_to_string(plan['predicted_iter_s'])} predicted against "
             f"{duration_to_string(plan['measured_iter_s'])} measured, {100 * plan['predicted_change']:+.1f}%"
             f"{basis_words(plan.get('basis'))}")
+    if plan.get("memory_fits") is False:
+        peaks = plan["predicted_peak_bytes"]
+        worst = peaks.index(max(peaks))
+        return (line + f"; stage {worst}'s predicted memory peak, {bytes_to_string(peaks[worst])}, exceeds "
+                f"{_limit(plan)} by {plan['memory_excess_bytes']:,} bytes")
+    return line + memory_note(plan)
 
 
 def _parts_from_layers(layers):
