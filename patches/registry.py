@@ -21,6 +21,7 @@ from deepspeed.runtime.pipe.module import PipelineModule
 class RunSettings:
     """What the Megatron flags ask of every pipeline this process builds (megatron_flags.py)."""
     partition_report: Optional[str] = None  # --pp-partition-from-profile: cut every PipelineModule by this report
+    partition_memory_limit: Optional[int] = None  # --pp-partition-memory-limit: plan under it (bytes)
     drop_optimizer_state_across_partitions: bool = False  # --no-load-optim: resume across partitions without it
 
 

@@ -80,3 +80,41 @@ def test_the_schema_holds_the_memory_fields(inputs):
     broken["layers"][0]["state_bytes"] = -1
     with pytest.raises(jsonschema.ValidationError):
         validate_report(broken)
+
+
+def test_the_reports_plan_under_a_memory_limit(inputs):
+    """A run given --pp-partition-memory-limit (or on a device that reports its memory) plans under it. The fork
+    run's fastest partition, [0, 2, 7], peaks at 310,771 and 566,525 bytes; as it ran, [0, 3, 7], at 422,172 and
+    432,736, the least of any partition of its layers."""
+    inputs["context"].update(memory_limit_bytes=600_000, memory_limit_source="flag")
+    report = _report(inputs)
+    validate_report(report)
+    plan = report["partition_plan"]
+    assert plan["parts"] == [0, 2, 7] and plan["predicted_peak_bytes"] == [310771, 566525]
+    assert (plan["memory_limit_bytes"], plan["memory_limit_source"], plan["memory_fits"]) == (600_000, "flag", True)
+    assert ("stage 1 has the least memory headroom, 566.52 KB predicted of 600 KB (flag)"
+            in format_report(report))
+    inputs["context"].update(memory_limit_bytes=500_000)  # [0, 2, 7] exceeds it: the fastest that fits
+    plan = _report(inputs)["partition_plan"]
+    assert plan["parts"] == [0, 3, 7] and plan["predicted_peak_bytes"] == [422172, 432736] and plan["memory_fits"]
+    inputs["context"].update(memory_limit_bytes=420_000, memory_limit_source="device")
+    report = _report(inputs)
+    validate_report(report)
+    plan = report["partition_plan"]
+    assert plan["memory_fits"] is False and plan["memory_excess_bytes"] == 432736 - 420_000
+    assert ("no partition of these 7 layers into 2 stages keeps every stage's predicted memory peak within 420 KB "
+            "(device): the closest, parts [0, 3, 7], exceeds it by 12,736 bytes (12.74 KB) on stage 1, 432.74 KB "
+            "predicted") in format_report(report)
+
+
+def test_a_limit_without_memory_terms_is_said_not_honoured(inputs):
+    for entry in inputs["entries"]:
+        entry.pop("memory")
+    inputs["context"].update(memory_limit_bytes=600_000, memory_limit_source="flag")
+    report = _report(inputs)
+    validate_report(report)
+    assert report["partition_plan"]["predicted_peak_bytes"] is None
+    assert "the memory limit of 600 KB (flag) is not honoured: the report has no memory terms" in format_report(report)
+    inputs["context"].update(memory_limit_source="device")  # the device's: a default, planned by time as before
+    plan = _report(inputs)["partition_plan"]
+    assert plan["memory_limit_bytes"] is None and plan["memory_limit_source"] is None

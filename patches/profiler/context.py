@@ -71,6 +71,10 @@ class ReportContext:
     collection_note: Optional[str] = None  # how the measurements reached the report, where not gathered
     clock_note: Optional[str] = None  # how the ranks' clocks were put on one time line, where no pings ran
     counting_note: Optional[str] = None  # why the FLOPs were counted in the profiled iteration, not the one before
+    # the per-stage memory limit the report's partition plan is made under, and where it came from
+    # (partition/method.memory_limit: 'flag', 'environment', 'device'); None: none (CPU)
+    memory_limit_bytes: Optional[int] = None
+    memory_limit_source: Optional[str] = None
 
     @classmethod
     def of(cls, engine: "DeepSpeedEngine", layout: "EngineLayout", step: int, run: RunDescription = UNDESCRIBED,
@@ -97,4 +101,16 @@ class ReportContext:
                    configured if micro_batches is None else micro_batches,
                    engine.train_micro_batch_size_per_gpu(), checkpointing, device_name, dtype, peak, run, timing,
                    getattr(engine, "skipped_steps", 0) > skipped_steps_before, collection_note, clock_note,
-                   counting_note)
+                   counting_note, *_memory_limit())
+
+
+def _memory_limit():
+    """partition/method.memory_limit, for the report's plan; a bad $DS_PIPE_PARTITION_MEMORY_LIMIT (which stops a
+    'profile' partition and a Megatron run's flag check) leaves the report's plan without a limit."""
+    from patches.errors import PatchConfigError
+    from patches.partition.method import memory_limit
+
+    try:
+        return memory_limit()
+    except PatchConfigError:
+        return None, None
