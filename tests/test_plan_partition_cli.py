@@ -6,6 +6,7 @@ import json
 import pytest
 
 from patches.cli.plan_partition import main
+from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.planner import plan_line, plan_of
 from tests.helpers.golden import GOLDEN
 
@@ -153,6 +154,7 @@ def test_parts_on_the_golden_report_by_hand(capsys):
     assert out.splitlines()[1:] == [
         "stage loads as run:     322.25 ms, 240.4 ms",
         "stage loads with parts: 400.06 ms, 162.59 ms",
+        "stage peaks with parts: 533.58 KB, 319.3 KB",  # memory_model's, from the report's terms
         "partition: stage 0 bounds at 322.25 ms with parts [0, 3, 7]; with parts [0, 4, 7] (pp 2) stage 0 bounds at "
         "400.06 ms, iteration 393.98 ms predicted against 335.62 ms measured, +17.4% (over iterations 4, 5, 6, "
         "spread 16.5%)"]
@@ -183,3 +185,138 @@ FORM = "(give each stage's first layer, then 7, the report's number of layers: 0
 def test_bad_parts_are_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, REPORT, *argv)
     assert (code, out, err) == (2, "", f"error: {message}\n")
+
+
+# ---------------------------------------------------------------- under a memory limit
+def small_report_with_memory():
+    """small_report with memory terms. Each layer's state 100 bytes; kept per micro-batch 100, 1000, 100, 100.
+    Stage 0: nothing but its layers, 2 micro-batches in flight; stage 1: base 50, a compute transient of 30, 1 in
+    flight; no step transient. So a stage's predicted peak (memory_model.stage_peak), by hand:
+      [0, 1, 4]: 100 + 2 x 100 = 300;   50 + 300 + 1200 + 30 = 1580
+      [0, 2, 4]: 200 + 2 x 1100 = 2400; 50 + 200 + 200 + 30 = 480   (the partition that ran, the fastest)
+      [0, 3, 4]: 300 + 2 x 1200 = 2700; 50 + 100 + 100 + 30 = 280"""
+    report = small_report()
+    for row, kept in zip(report["layers"], [100, 1000, 100, 100]):
+        row.update(state_bytes=100, activation_bytes=kept)
+    positions = [(0, 2, 0, 2400), (50, 1, 30, 480)]
+    report["stages"] = [{"stage_id": s, "memory": {
+        "base_bytes": base, "outside_layers_bytes": 0, "in_flight_micro_batches": in_flight,
+        "compute_transient_bytes": transient, "step_transient_bytes": 0, "state_bytes": 200,
+        "predicted_peak_bytes": peak}} for s, (base, in_flight, transient, peak) in enumerate(positions)]
+    report["bubble"] = {"schedule": "TrainSchedule"}  # DeepSpeed's 1F1B: its in-flight counts for another pp
+    return report
+
+
+@pytest.fixture
+def small_memory(tmp_path):
+    path = tmp_path / "small_memory.json"
+    path.write_text(json.dumps(small_report_with_memory()))
+    return path
+
+
+def test_a_limit_the_fastest_partition_exceeds_chooses_the_fastest_within_it(small_memory, capsys):
+    # [0, 2, 4] peaks at 2400 on stage 0: over 2000. Only [0, 1, 4] fits: loads 0.125 and 0.875 + 0.125 = 1.0;
+    # model 1.125 / 4 + 3 x 1.0 / 4 = 1.03125, predicted 1.03125 + 0.5 = 1.53125 s, +22.5%.
+    code, out, err = run(capsys, small_memory, "--pp-partition-memory-limit", "2KB")
+    assert code == 0 and err == ""
+    assert out.splitlines()[1:5] == [
+        "stage loads as run:     500 ms, 625 ms",
+        "stage loads as planned: 125 ms, 1 s",
+        "stage peaks as planned: 300 B, 1.58 KB (limit 2 KB)",
+        "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 1, 4] (pp 2) the bound is 1 s, "
+        "iteration 1.53 s predicted against 1.25 s measured, +22.5%; stage 1 has the least memory headroom, "
+        "1.58 KB predicted of 2 KB (flag)"]
+    assert "--pp-partition-from-profile " + str(small_memory) + " --pp-partition-memory-limit 2KB (Megatron)" in out
+    plan = plan_of(small_report_with_memory(), limit=2000, source="flag")
+    assert plan["parts"] == [0, 1, 4] and plan["predicted_iter_s"] == 1.53125
+    assert plan["predicted_peak_bytes"] == [300, 1580] and plan["memory_fits"] is True
+    assert plan["memory_limit_bytes"] == 2000 and plan["memory_excess_bytes"] is None
+    # the planner's peaks are memory_model's for the planned parts
+    layers, positions = memory_terms_of(small_report_with_memory())
+    assert [p.predicted_peak_bytes for p in predict_peaks(layers, positions, [0, 1, 4], 4)] == [300, 1580]
+    # a limit the fastest fits leaves it, the stage with the least headroom named
+    assert plan_of(small_report_with_memory(), limit=2400, source="flag")["parts"] == [0, 2, 4]
+    code, out, _ = run(capsys, small_memory, "--memory-limit", "2400")
+    assert code == 0 and out.splitlines()[4] == (
+        "partition: stage 1 bounds at 625 ms with parts [0, 2, 4], already the best contiguous one for these layers' "
+        "measured times; stage 0 has the least memory headroom, 2.4 KB predicted of 2.4 KB (flag)")
+
+
+def test_no_partition_within_the_limit_is_one_line_and_exit_2(small_memory, capsys):
+    # the closest is [0, 1, 4], peaking at 1580 on stage 1: 580 bytes over 1000
+    code, out, err = run(capsys, small_memory, "--pp-partition-memory-limit", "1000")
+    assert (code, out) == (2, "")
+    assert err == ("error: no partition of these 4 layers into 2 stages keeps every stage's predicted memory peak "
+                   "within 1 KB (flag): the closest, parts [0, 1, 4], exceeds it by 580 bytes (580 B) on stage 1, "
+                   "1.58 KB predicted\n")
+    plan = plan_of(small_report_with_memory(), limit=1000, source="flag")
+    assert plan["memory_fits"] is False and plan["memory_excess_bytes"] == 580 and plan["parts"] == [0, 1, 4]
+    assert plan_line(plan).startswith("partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; no partition of")
+
+
+def test_parts_print_every_stages_predicted_peak_and_any_excess(small_memory, capsys):
+    code, out, err = run(capsys, small_memory, "--parts", "0,3,4")
+    assert code == 0 and err == ""
+    assert out.splitlines()[3] == "stage peaks with parts: 2.7 KB, 280 B"
+    code, out, _ = run(capsys, small_memory, "--parts", "0,3,4", "--pp-partition-memory-limit", "2KB")
+    assert code == 0  # a what-if: said, not refused
+    assert out.splitlines()[3:] == [
+        "stage peaks with parts: 2.7 KB, 280 B (limit 2 KB)",
+        "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 3, 4] (pp 2) stage 0 bounds at "
+        "750 ms, iteration 1.34 s predicted against 1.25 s measured, +7.5%; stage 0's predicted memory peak, 2.7 KB, "
+        "exceeds 2 KB (flag) by 700 bytes"]
+    # pp 3, [0, 1, 2, 4]: the middle stage takes the first's terms with 1F1B's 2 in flight (min(3 - 1, 4)), the
+    # first 3: 100 + 3 x 100 = 400; 100 + 2 x 1000 = 2100; 50 + 200 + 200 + 30 = 480
+    code, out, _ = run(capsys, small_memory, "--parts", "0,1,2,4")
+    assert code == 0 and out.splitlines()[3] == "stage peaks with parts: 400 B, 2.1 KB, 480 B"
+
+
+@pytest.mark.parametrize("size, message", [
+    ("80XB", "size '80XB' is not a size"),
+    ("-1", "size '-1' is negative"),
+    ("0", "size '0' is zero"),
+])
+def test_a_bad_size_is_one_line_and_exit_2(small_memory, capsys, size, message):
+    code, out, err = run(capsys, small_memory, "--pp-partition-memory-limit", size)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: --pp-partition-memory-limit {size}: {message}: give a positive number of bytes")
+    assert err.count("\n") == 1
+
+
+def test_a_limit_on_a_report_without_memory_terms_is_one_line_and_exit_2(small, capsys):
+    code, out, err = run(capsys, small, "--pp-partition-memory-limit", "80GB")
+    assert (code, out) == (2, "")
+    assert err == ("error: a memory limit of 80 GB cannot be honoured: the profile report has no memory terms (each "
+                   "stage's memory and each layer's state and activation bytes, measured by this profiler on a "
+                   "pipeline run)\n")
+    code, _, _ = run(capsys, small)  # no limit: planned by time, as before
+    assert code == 0
+
+
+def test_the_limit_a_report_was_planned_under_is_the_default(tmp_path, capsys):
+    report = small_report_with_memory()
+    report["partition_plan"].update(memory_limit_bytes=2000, memory_limit_source="device")
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(report))
+    code, out, _ = run(capsys, path)
+    assert code == 0 and "with parts [0, 1, 4] (pp 2)" in out
+    assert out.splitlines()[-2].endswith("stage 1 has the least memory headroom, 1.58 KB predicted of 2 KB (device)")
+
+
+def test_the_golden_report_under_a_limit_keeps_its_basis(capsys):
+    # The plan's times scaled by its basis as without a limit; the peaks are memory_model's for the planned parts
+    # ([0, 2, 7]: 310,771 and 566,525 bytes; [0, 3, 7], as ran: 422,172 and 432,736). The line says what the times
+    # rest on, then the stage with the least headroom.
+    code, out, err = run(capsys, REPORT, "--pp-partition-memory-limit", "600KB")
+    assert code == 0 and err == ""
+    assert out.splitlines()[2:5] == [
+        "stage loads as planned: 251.87 ms, 310.78 ms",
+        "stage peaks as planned: 310.77 KB, 566.52 KB (limit 600 KB)",
+        "partition: stage 0 bounds at 322.25 ms with parts [0, 3, 7]; with parts [0, 2, 7] (pp 2) the bound is "
+        "310.78 ms, iteration 327.02 ms predicted against 335.62 ms measured, -2.6% (over iterations 4, 5, 6, "
+        "spread 16.5%); stage 1 has the least memory headroom, 566.52 KB predicted of 600 KB (flag)"]
+    # [0, 2, 7] exceeds 500 KB: the fastest within it is the partition that ran, its loads scaled the same way
+    code, out, _ = run(capsys, REPORT, "--pp-partition-memory-limit", "500KB")
+    assert code == 0 and out.splitlines()[2:4] == [
+        "stage loads as planned: 322.25 ms, 240.4 ms",
+        "stage peaks as planned: 422.17 KB, 432.74 KB (limit 500 KB)"]

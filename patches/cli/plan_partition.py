@@ -1,11 +1,14 @@
-"""megatron-plan-partition REPORT.json [--pp N] [--parts 0,A,B,...,L]: the pipeline partition a profile report's
-measured layers ask for.
+"""megatron-plan-partition REPORT.json [--pp N] [--parts 0,A,B,...,L] [--pp-partition-memory-limit SIZE]: the
+pipeline partition a profile report's measured layers ask for.
 
 The report is a flops_profile_stepN.json of a PipelineModule's run (--profile-flops-step, the config section, or
 PipelineFlopsProfiler.write_json). Prints each stage's load under the partition that ran and under the planned
 one, the predicted iteration time, and how to use the plan; --pp plans for another number of stages. --parts
 names a partition instead (each stage's first layer, then the number of layers: DeepSpeed's PipelineModule.parts)
-and prints what the same model predicts for it, beside the partition that ran.
+and prints what the same model predicts for it, beside the partition that ran. Where the report has its memory
+terms, each stage's predicted memory peak is printed too; --pp-partition-memory-limit plans with every stage's peak
+within SIZE (default: the limit the report's own plan was made under, the device's that ran it, if any). Where no
+partition fits, one line says by how much the closest exceeds, and the exit status is 2.
 
 Reads JSON only: no torch or DeepSpeed import, so it starts at once.
 """
@@ -15,8 +18,11 @@ import sys
 from typing import List, Optional
 
 from patches.errors import PatchConfigError
-from patches.partition.planner import plan_line, plan_of, read_report, what_if_line
-from patches.profiler.units import duration_to_string
+from patches.partition.memory_model import memory_terms_of
+from patches.partition.planner import no_fit_line, parse_size, plan_line, plan_of, read_report, what_if_line
+from patches.profiler.units import bytes_to_string, duration_to_string
+
+MEMORY_LIMIT_FLAG = "--pp-partition-memory-limit"  # as the Megatron flag (patches/megatron_flags.py) spells it
 
 
 def parse_parts(text: str, layers: int, pp: Optional[int]) -> List[int]:
@@ -52,6 +58,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--parts", default=None, metavar="0,A,B,...,L",
                         help="predict this partition instead of planning one: each stage's first layer, then the "
                              "number of layers L (PipelineModule.parts)")
+    parser.add_argument(MEMORY_LIMIT_FLAG, "--memory-limit", dest="memory_limit", default=None, metavar="SIZE",
+                        help="plan with every stage's predicted memory peak within SIZE: bytes, or with KB, MB, GB, TB "
+                             "or KiB, MiB, GiB, TiB (e.g. 80GB, 70GiB); default: the limit the report was planned "
+                             "under (the device's that ran it), if any")
     args = parser.parse_args(argv)
     try:
         report = read_report(args.report)
@@ -62,9 +72,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.pp is not None and not 1 <= args.pp <= len(layers):
             raise PatchConfigError(f"--pp {args.pp}: the report's {len(layers)} layers make 1 to {len(layers)} stages")
         parts = parse_parts(args.parts, len(layers), args.pp) if args.parts is not None else None
-        plan = plan_of(report, args.pp, parts)
+        limit, source = report_limit(report)
+        if args.memory_limit is not None:
+            try:
+                limit, source = parse_size(args.memory_limit), "flag"
+            except ValueError as error:
+                raise PatchConfigError(f"{MEMORY_LIMIT_FLAG} {args.memory_limit}: {error}") from None
+        plan = plan_of(report, args.pp, parts, limit, source)
     except PatchConfigError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    if parts is None and plan["memory_fits"] is False:
+        print(f"error: {no_fit_line(plan)}", file=sys.stderr)
         return 2
     print(f"{len(layers)} layers, measured at pp {len(plan['current_parts']) - 1}, "
           f"{report['parallelism']['micro_batches']} micro-batches; iteration "
@@ -73,13 +92,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     if parts is not None:
         # A what-if: the partition named, not a plan to use, so no "use it" line.
         print("stage loads with parts: " + ", ".join(duration_to_string(s) for s in plan["stage_s"]))
+        print_peaks("stage peaks with parts: ", plan)
         print(what_if_line(plan))
         return 0
     print("stage loads as planned: " + ", ".join(duration_to_string(s) for s in plan["stage_s"]))
+    print_peaks("stage peaks as planned: ", plan)
     print(plan_line(plan))
-    print(f"use it: --pp-partition-from-profile {args.report} (Megatron), or "
-          f"PipelineModule(..., partition_method='profile:{args.report}') after patches.apply()")
+    limit = f" {MEMORY_LIMIT_FLAG} {args.memory_limit}" if args.memory_limit is not None else ""
+    environment = f" and $DS_PIPE_PARTITION_MEMORY_LIMIT={args.memory_limit}" if args.memory_limit is not None else ""
+    print(f"use it: --pp-partition-from-profile {args.report}{limit} (Megatron), or "
+          f"PipelineModule(..., partition_method='profile:{args.report}'){environment} after patches.apply()")
     return 0
+
+
+def report_limit(report: dict):
+    """(bytes, source) of the memory limit the report's own plan was made under, where its terms can honour it."""
+    plan = report.get("partition_plan") or {}
+    if plan.get("memory_limit_bytes") is None or memory_terms_of(report) is None:
+        return None, None
+    return plan["memory_limit_bytes"], plan.get("memory_limit_source")
+
+
+def print_peaks(label: str, plan: dict) -> None:
+    """Each stage's predicted memory peak under the plan's parts, where the report has the terms to say."""
+    peaks = plan.get("predicted_peak_bytes")
+    if peaks is not None:
+        limit = f" (limit {bytes_to_string(plan['memory_limit_bytes'])})" if plan["memory_limit_bytes"] else ""
+        print(label + ", ".join(bytes_to_string(peak) for peak in peaks) + limit)
 
 
 if __name__ == "__main__":
