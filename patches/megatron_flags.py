@@ -6,6 +6,9 @@ Megatron-DeepSpeed's (through patches.megatron_upstream) both add them here and 
     --profile-flops-counting     where N's FLOPs are counted: in N-1 (default) or in N itself
     --pp-partition-from-profile REPORT.json
                                  cut the pipeline where a profiled run's measured layers say (partition/method.py)
+    --pp-partition-memory-limit SIZE
+                                 plan (that cut, and the report's plan) with every stage's predicted memory peak
+                                 within SIZE (80GB, 70GiB, bytes); default: the device's memory, none on CPU
 """
 import os
 import tempfile
@@ -16,6 +19,7 @@ from patches.errors import PatchConfigError
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNTING_CHOICES
 
 PROFILE_STEP_FLAG = "--profile-flops-step"
+MEMORY_LIMIT_FLAG = "--pp-partition-memory-limit"
 COUNTING_HELP = ("where --profile-flops-step counts FLOPs: 'previous' (default): in the iteration before, with a "
                  "dispatch mode, so that the profiled iteration runs without one (its module calls are checked "
                  "against the counted ones); 'profiled': in the profiled iteration itself (for a model whose "
@@ -36,19 +40,45 @@ def add_profiler_flags(parser: ArgumentParser) -> Any:
                        help="cut the pipeline's layers where this profile report (flops_profile_stepN.json of a run "
                             "of the same model) measured them: contiguous, no stage empty, the slowest stage as fast "
                             "as it can be (DeepSpeed's partition_method='profile')")
+    group.add_argument(MEMORY_LIMIT_FLAG, default=None, metavar="SIZE",
+                       help="plan the partition (--pp-partition-from-profile's, and the profile report's plan) with "
+                            "every stage's predicted memory peak within SIZE: bytes, or with KB, MB, GB, TB or KiB, "
+                            "MiB, GiB, TiB (e.g. 80GB, 70GiB); default: the device's memory (none on CPU)")
     return group
+
+
+def memory_limit_of(args: Namespace) -> Optional[int]:
+    """--pp-partition-memory-limit in bytes (None: not given). PatchConfigError, one line, for a bad size."""
+    text = getattr(args, "pp_partition_memory_limit", None)
+    if text is None:
+        return None
+    from patches.partition.planner import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise PatchConfigError(f"{MEMORY_LIMIT_FLAG} {text}: {error}") from None
 
 
 def check_profiler_flags(args: Namespace) -> None:
     """Raise PatchConfigError on a --profile-flops-step that could never run or report, or a partition report that
-    cannot be planned from. A Megatron adds its own checks (what its training loop can end on) after these."""
+    cannot be planned from (or not under the memory limit given). A Megatron adds its own checks (what its training
+    loop can end on) after these."""
+    limit = memory_limit_of(args)
     report = getattr(args, "pp_partition_from_profile", None)
     if report is not None:
+        from patches.partition.memory_model import memory_terms_of
         from patches.partition.planner import read_report
 
-        if not read_report(report).get("layers"):
+        content = read_report(report)
+        if not content.get("layers"):
             raise PatchConfigError(f"--pp-partition-from-profile {report}: the report has no layer table (a "
                                    "PipelineModule's run profiled by this profiler has one)")
+        if limit is not None and memory_terms_of(content) is None:
+            raise PatchConfigError(f"{MEMORY_LIMIT_FLAG} {args.pp_partition_memory_limit} cannot be honoured: the "
+                                   f"profile report {report} has no memory terms (each stage's memory and each "
+                                   "layer's state and activation bytes, which this profiler measures on a pipeline "
+                                   "run)")
     step = args.profile_flops_step
     if step is None:
         return

@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 from patches import clean_exit
 from patches.errors import PatchConfigError, exit_with_one_line
 from patches.import_hooks import after_import
-from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags
+from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags, memory_limit_of
 from patches.registry import REGISTRY
 
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
@@ -219,10 +219,11 @@ def _parse_args_with_profiler_flags(original: Callable) -> Callable:
             check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
             exit_with_one_line(str(error))
-        from patches.partition.method import use_for_every_pipeline
+        from patches.partition.method import use_for_every_pipeline, use_memory_limit
         from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
 
         use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method
+        use_memory_limit(memory_limit_of(parsed))  # checked above: a size or None
         drop_optimizer_state_across_partitions(getattr(parsed, "no_load_optim", False))
         return parsed
 

@@ -35,6 +35,10 @@ BAD_COMBINATIONS = [
     (["--profile-flops-step", "6"], 1, "--profile-flops-step 6 is beyond --train-iters 5"),
     (["--profile-flops-step", "2", "--profile-flops-output", "/proc/no/such/dir"], 1, "is not a writable directory"),
     (["--lr-decay-style", "square"], 1, "argument --lr-decay-style: invalid choice"),
+    (["--pp-partition-memory-limit", "80XB"], 1, "--pp-partition-memory-limit 80XB: size '80XB' is not a size: give "
+                                                 "a positive number of bytes"),
+    (["--pp-partition-memory-limit", "-1"], 1, "--pp-partition-memory-limit -1: size '-1' is negative"),
+    (["--pp-partition-memory-limit", "0"], 1, "--pp-partition-memory-limit 0: size '0' is zero"),
 ]
 
 

@@ -56,9 +56,11 @@ def stage_boundaries(args, num_stages):
     names = [spec.typename.__name__ for spec in specs]
     if args.pp_partition_from_profile:  # where a profiled run's measured layers say (patches.partition)
         from patches.partition.layers import layer_type
-        from patches.partition.method import profiled_parts
+        from patches.partition.method import memory_limit, profiled_parts
 
-        return profiled_parts(args.pp_partition_from_profile, [layer_type(spec) for spec in specs], num_stages), \
+        # under the limit partition_method='profile' plans with (--pp-partition-memory-limit, else the device's)
+        return profiled_parts(args.pp_partition_from_profile, [layer_type(spec) for spec in specs], num_stages,
+                              *memory_limit()), \
             [1] * len(specs)
     method = args.pp_partition_method
     if method == "uniform":

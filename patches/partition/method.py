@@ -3,6 +3,7 @@ to cut the layers where a measured run says.
 
     PipelineModule(layers, num_stages=2, partition_method="profile:profiles/flops_profile_step3.json")
     PipelineModule(layers, num_stages=2, partition_method="profile")   # the report in $DS_PIPE_PARTITION_PROFILE
+    DS_PIPE_PARTITION_MEMORY_LIMIT=70GiB                                # each stage's predicted peak within it
 
 The report is the profiler's JSON (flops_profile_stepN.json) of a run of the same layers: its per-layer table
 gives each layer's measured forward, backward and recompute seconds, and the planner (planner.py)
@@ -11,25 +12,29 @@ num_stages may differ from the profiled run's. One line on global rank 0 names t
 another model (another number of layers, or other layer types) is refused with PatchConfigError, one line.
 Megatron runs name the report with --pp-partition-from-profile (megatron_flags.py), which cuts every
 PipelineModule of the run this way whatever partition_method its code passes (use_for_every_pipeline).
+Under a memory limit (memory_limit: --pp-partition-memory-limit, else $DS_PIPE_PARTITION_MEMORY_LIMIT, else the
+accelerator's memory; none on CPU) the plan is the fastest whose every stage's predicted peak is within it; where
+none is, global rank 0 warns in one line by how much the closest exceeds, and the run goes on with it.
 Other methods are DeepSpeed's own, unchanged. Every rank reads the report and plans; the ranks then compare what
 they planned through the default group's store (agreed_parts), so that a report missing on one node, or
 another report on another, stops every rank in one line.
 """
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch.distributed as dist
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from patches.errors import PatchConfigError
 from patches.partition.layers import layer_types
-from patches.partition.planner import plan_of, read_report
+from patches.partition.planner import no_fit_line, parse_size, plan_of, read_report
 from patches.profiler import store_exchange
 from patches.registry import REGISTRY
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
 ENVIRONMENT = "DS_PIPE_PARTITION_PROFILE"
+MEMORY_ENVIRONMENT = "DS_PIPE_PARTITION_MEMORY_LIMIT"
 
 
 
@@ -45,15 +50,20 @@ def install():
         report = REGISTRY.settings.partition_report  # --pp-partition-from-profile
         if report is None and not names_a_profile(method):  # the same answer on every rank
             return original(self, method)
+        plan = None
         try:
             report = report or report_named_by(method)
-            parts, error = profiled_parts(report, layer_types(self), self.num_stages), None
+            plan = profiled_plan(report, layer_types(self), self.num_stages, *memory_limit())
+            parts, error = plan["parts"], None
         except PatchConfigError as problem:
             parts, error = None, str(problem)
         self.parts = agreed_parts(report, parts, error)
         if self.global_rank == 0:
             print(f"> partition_method 'profile' ({report}): parts {self.parts}, planned from its measured layers",
                   flush=True)
+            if plan["memory_fits"] is False:
+                print(f"warning: partition_method 'profile' ({report}): {no_fit_line(plan)}; training goes on with "
+                      "them", flush=True)
         self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
 
     PipelineModule._partition_layers = _partition_layers
@@ -62,6 +72,46 @@ def install():
 def use_for_every_pipeline(report: Optional[str]) -> None:
     """Cut every PipelineModule built from now on by this report, whatever its partition_method (None: stop)."""
     REGISTRY.settings.partition_report = report
+
+
+def use_memory_limit(limit: Optional[int]) -> None:
+    """Plan every PipelineModule built from now on, and the reports' plans, under this per-stage memory limit in
+    bytes (--pp-partition-memory-limit; None: the environment's or the device's)."""
+    REGISTRY.settings.partition_memory_limit = limit
+
+
+def memory_limit() -> Tuple[Optional[int], Optional[str]]:
+    """(bytes, source): the per-stage memory limit plans are made under and where it came from: 'flag'
+    (--pp-partition-memory-limit), 'environment' ($DS_PIPE_PARTITION_MEMORY_LIMIT), 'device' (the accelerator's
+    total memory, where it reports one), or (None, None) (CPU: none). A bad $DS_PIPE_PARTITION_MEMORY_LIMIT is a
+    PatchConfigError, one line."""
+    if REGISTRY.settings.partition_memory_limit is not None:
+        return REGISTRY.settings.partition_memory_limit, "flag"
+    text = os.environ.get(MEMORY_ENVIRONMENT)
+    if text:
+        try:
+            return parse_size(text), "environment"
+        except ValueError as error:
+            raise PatchConfigError(f"${MEMORY_ENVIRONMENT}: {error}") from None
+    total = device_memory()
+    return (total, "device") if total is not None else (None, None)
+
+
+def device_memory() -> Optional[int]:
+    """This process's accelerator's total memory in bytes; None on CPU or where the accelerator does not say."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu":
+        return None
+    try:
+        if accelerator.device_name() == "cuda":
+            import torch
+
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        return int(accelerator.total_memory(accelerator.current_device()))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
 
 
 def names_a_profile(method) -> bool:
@@ -104,9 +154,20 @@ def report_named_by(method: str) -> Optional[str]:
     return path
 
 
-def profiled_parts(report_path: str, types: List[str], stages: int) -> List[int]:
-    """The boundaries of `stages` stages the report's measured layers ask for. PatchConfigError where the report
-    cannot be read or profiles another model than `types` (this PipelineModule's layer types, in order)."""
+def profiled_parts(report_path: str, types: List[str], stages: int, limit: Optional[int] = None,
+                   source: Optional[str] = None) -> List[int]:
+    """The boundaries of `stages` stages the report's measured layers ask for (under a memory limit: see
+    profiled_plan)."""
+    return profiled_plan(report_path, types, stages, limit, source)["parts"]
+
+
+def profiled_plan(report_path: str, types: List[str], stages: int, limit: Optional[int] = None,
+                  source: Optional[str] = None) -> dict:
+    """The plan (planner.plan_of's dict) of `stages` stages the report's measured layers ask for, each stage's
+    predicted peak within `limit` bytes where one is given and the report has its memory terms (memory_fits false:
+    none is, the closest). PatchConfigError where the report cannot be read, profiles another model than `types`
+    (this PipelineModule's layer types, in order), or cannot honour a limit from a flag or the environment
+    (plan_of)."""
     report = read_report(report_path)
     layers = report.get("layers")
     if not layers:
@@ -123,4 +184,7 @@ def profiled_parts(report_path: str, types: List[str], stages: int) -> List[int]
     if stages > len(layers):
         raise PatchConfigError(f"the profile report {report_path} has {len(layers)} layers: too few for {stages} "
                                "pipeline stages")
-    return plan_of(report, stages)["parts"]
+    try:
+        return plan_of(report, stages, limit=limit, source=source)
+    except PatchConfigError as error:
+        raise PatchConfigError(f"the profile report {report_path}: {error}") from None
