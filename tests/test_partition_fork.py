@@ -12,9 +12,12 @@ import json
 import pytest
 
 from patches.errors import EXIT_BAD_INPUT
+from patches.partition.memory_model import memory_terms_of, predict_peaks
+from patches.partition.planner import parse_size, plan_line, plan_of
+from patches.profiler.units import bytes_to_string
 from tests.helpers.flags import PP2
 from tests.helpers.launch import explain, run_pretrain
-from tests.helpers.profiled_runs import PROFILE_STEP, profiled_run
+from tests.helpers.profiled_runs import MEMORY_LIMIT, PROFILE_STEP, profiled_run
 
 SPECS = ["EmbeddingPipe"] + ["ParallelTransformerLayerPipe"] * 4 + ["LayerNorm", "EmbeddingPipe"]
 # DeepSpeed's 'parameters': the tied embedding (192 x 32 + 16 x 32 positions) counted on both ends, 12,704 a
@@ -54,6 +57,28 @@ def test_the_report_has_every_layer_and_a_plan(saved):
     embedding = next(c for c in stages[0]["modules"]["children"] if c["name"] == "tied_modules")
     assert report["layers"][0]["fwd_flops"] == embedding["fwd_flops"]
     assert sum(row["params"] for row in report["layers"]) == sum(stage["params"] for stage in stages.values())
+
+
+@pytest.mark.launch
+def test_the_reports_plan_keeps_every_stage_within_the_memory_limit(saved, tmp_path_factory):
+    """The run was given --pp-partition-memory-limit: its report's plan is made under it, each stage's predicted
+    peak memory_model's for the planned parts, and the plan the one the planner makes from the report under it."""
+    _, report, _ = saved
+    plan, limit = report["partition_plan"], parse_size(MEMORY_LIMIT)
+    assert (plan["memory_limit_bytes"], plan["memory_limit_source"]) == (limit, "flag"), plan
+    layers, positions = memory_terms_of(report)
+    peaks = predict_peaks(layers, positions, plan["parts"], report["parallelism"]["micro_batches"])
+    assert plan["predicted_peak_bytes"] == [peak.predicted_peak_bytes for peak in peaks], plan
+    assert plan["memory_fits"] is True and max(plan["predicted_peak_bytes"]) <= limit, plan
+    assert plan_of(report, limit=limit, source="flag") == plan
+    printed = [line.strip() for line in profiled_run(tmp_path_factory, "pp2_tp1_zero1").output.splitlines()
+               if line.strip().startswith("partition: ")]
+    assert printed == [plan_line(plan)] and printed[0].endswith(f"predicted of {bytes_to_string(limit)} (flag)")
+    # a limit under the least peak of any partition: the closest, by exactly how much its largest peak exceeds
+    least = min(max(plan_of(report, cut_at=[0, cut, 7])["predicted_peak_bytes"]) for cut in range(1, 7))
+    tight = plan_of(report, limit=least - 1000, source="flag")
+    assert tight["memory_fits"] is False and tight["memory_excess_bytes"] == 1000
+    assert max(tight["predicted_peak_bytes"]) == least
 
 
 @pytest.mark.launch

@@ -12,14 +12,19 @@ from tests.helpers.launch import explain, run_pretrain
 
 PROFILE_STEP = 2
 PEAK_TFLOPS = 0.5  # a made-up device peak, so that the report has an MFU on CPU
+# pp2_tp1_zero1's --pp-partition-memory-limit: ZeRO's buckets make each stage's state about 4 GB on CPU, and only
+# the parts that ran keep both stages under 4.5 GB (4.00 GB each; [0, 4, 7] 5.59 GB, [0, 2, 7] 5.58 GB)
+MEMORY_LIMIT = "4.5GB"
 CONFIGS = {
     # pp=2 x tp=2, 4 micro-batches, activation checkpointing
     "pp2_tp2_checkpointed": (4, layout(pp=2, tp=2) + ["--global-batch-size", "8", "--train-iters", "3",
                                                       "--checkpoint-activations", "--peak-tflops", str(PEAK_TFLOPS)]),
     # the same model and batches, pp=2 x tp=1, no checkpointing, ZeRO stage 1, cut by DeepSpeed's 'parameters'
-    # method, 4 iterations saved at 2 and 4 in ckpt/ (test_partition_fork resumes it under other partitions)
+    # method, 4 iterations saved at 2 and 4 in ckpt/ (test_partition_fork resumes it under other partitions); the
+    # report's plan under a memory limit on each stage's predicted peak
     "pp2_tp1_zero1": (2, PP2 + ["--zero-stage", "1", "--train-iters", "4", "--save", "{dir}/ckpt",
-                                "--save-interval", "2", "--pp-partition-method", "parameters"]),
+                                "--save-interval", "2", "--pp-partition-method", "parameters",
+                                "--pp-partition-memory-limit", MEMORY_LIMIT]),
 }
 _runs = {}
 
