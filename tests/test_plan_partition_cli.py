@@ -239,7 +239,8 @@ def test_a_limit_the_fastest_partition_exceeds_chooses_the_fastest_within_it(sma
     code, out, _ = run(capsys, small_memory, "--memory-limit", "2400")
     assert code == 0 and out.splitlines()[4] == (
         "partition: stage 1 bounds at 625 ms with parts [0, 2, 4], already the best contiguous one for these layers' "
-        "measured times; stage 0 has the least memory headroom, 2.4 KB predicted of 2.4 KB (flag)")
+        "measured times within the memory limit; stage 0 has the least memory headroom, 2.4 KB predicted of 2.4 KB "
+        "(flag)")
 
 
 def test_no_partition_within_the_limit_is_one_line_and_exit_2(small_memory, capsys):

@@ -347,7 +347,8 @@ def plan_line(plan: dict) -> str:
     if plan.get("memory_fits") is False:
         return f"partition: {current}; {no_fit_line(plan)}"
     if plan["parts"] == plan["current_parts"]:
-        return (f"partition: {current}, already the best contiguous one for these layers' measured times"
+        within = " within the memory limit" if plan.get("memory_limit_bytes") is not None else ""
+        return (f"partition: {current}, already the best contiguous one for these layers' measured times{within}"
                 + memory_note(plan))
     return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
             f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
