@@ -32,10 +32,7 @@ def test_the_plan_of_a_report_as_it_ran_and_for_another_pp(capsys):
 
 def rewritten(tmp_path, change):
     report = json.loads(REPORT.read_text())
-    report = change(report)
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(report))
-    return path
+    return _written(tmp_path, "report.json", change(report))
 
 
 def drop_totals(report):
@@ -95,11 +92,15 @@ def small_report():
             "partition_plan": {"current_parts": [0, 2, 4], "stage_overhead_s": [0.0, 0.125]}}
 
 
+def _written(tmp_path, name, report):
+    path = tmp_path / name
+    path.write_text(json.dumps(report))
+    return path
+
+
 @pytest.fixture
 def small(tmp_path):
-    path = tmp_path / "small.json"
-    path.write_text(json.dumps(small_report()))
-    return path
+    return _written(tmp_path, "small.json", small_report())
 
 
 # By hand, with m = 4 micro-batches: model(loads) = sum(loads) / 4 + 3 * max(loads) / 4.
@@ -209,9 +210,7 @@ def small_report_with_memory():
 
 @pytest.fixture
 def small_memory(tmp_path):
-    path = tmp_path / "small_memory.json"
-    path.write_text(json.dumps(small_report_with_memory()))
-    return path
+    return _written(tmp_path, "small_memory.json", small_report_with_memory())
 
 
 def test_a_limit_the_fastest_partition_exceeds_chooses_the_fastest_within_it(small_memory, capsys):
@@ -297,9 +296,7 @@ def test_a_limit_on_a_report_without_memory_terms_is_one_line_and_exit_2(small, 
 def test_the_limit_a_report_was_planned_under_is_the_default(tmp_path, capsys):
     report = small_report_with_memory()
     report["partition_plan"].update(memory_limit_bytes=2000, memory_limit_source="device")
-    path = tmp_path / "device.json"
-    path.write_text(json.dumps(report))
-    code, out, _ = run(capsys, path)
+    code, out, _ = run(capsys, _written(tmp_path, "device.json", report))
     assert code == 0 and "with parts [0, 1, 4] (pp 2)" in out
     assert out.splitlines()[-2].endswith("stage 1 has the least memory headroom, 1.58 KB predicted of 2 KB (device)")
 
