@@ -19,7 +19,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
-import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.attachment import attachment_of
@@ -49,8 +48,7 @@ class FileOutput:
     def deliver(self, reports: GatheredReports, step: int) -> None:
         """Collective: every rank calls it for the same report."""
         report = reports.report(step)
-        if dist.get_rank() == 0:
-            print(format_report(report), flush=True)
+        reports.emit(format_report(report) if reports.emits_here else "")
         json_path, trace_path = self.json_path(step), self.trace_path(step)
         try:
             # files.write_json makes the directory on rank 0: its failure, too, reaches every rank
