@@ -146,14 +146,15 @@ class UpstreamRun:
         upstream's parsed arguments; global rank 0 says what it will profile, as the fork's train() does."""
         if self.door is None:
             from patches.megatron_door import MegatronDoor
+            from patches.profiler.sources import say_on_rank_0
 
             get_writer = getattr(global_vars, "get_tensorboard_writer", None)
             self.door = MegatronDoor(args, functools.partial(_describe_run, args), first_done=iteration - 1,
                                      tensorboard_writer=get_writer() if callable(get_writer) else None,
                                      shapes_change=shapes_change(args))
-            if self.door.announcement is not None and int(os.environ.get("RANK", "0")) == 0:
-                print(f"> FLOPs profiler (patches): {self.door.announcement}; report files in "
-                      f"{args.profile_flops_output}", flush=True)
+            if self.door.announcement is not None:
+                say_on_rank_0(f"> FLOPs profiler (patches): {self.door.announcement}; report files in "
+                              f"{args.profile_flops_output}")
         return self.door
 
     # ------------------------------------------------------------ the zero-bubble schedule
