@@ -25,8 +25,7 @@ from patches.profiler.attachment import attachment_of
 from patches.profiler.context import RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
 from patches.profiler.one_step import STEADY_AFTER, ProfileSchedule
-from patches.profiler.printer import format_report
-from patches.profiler.sources import GatheredReports, ReportWriteError, warn_on_rank_0
+from patches.profiler.sources import GatheredReports, ReportWriteError, print_report, warn_on_rank_0
 
 Result = TypeVar("Result")
 
@@ -47,8 +46,7 @@ class FileOutput:
 
     def deliver(self, reports: GatheredReports, step: int) -> None:
         """Collective: every rank calls it for the same report."""
-        report = reports.report(step)
-        reports.emit(format_report(report) if reports.emits_here else "")
+        report = print_report(reports, step)
         json_path, trace_path = self.json_path(step), self.trace_path(step)
         try:
             # files.write_json makes the directory on rank 0: its failure, too, reaches every rank

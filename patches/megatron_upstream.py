@@ -105,6 +105,11 @@ class UpstreamRun:
             self.missing("megatron.global_vars.get_args()", module)
             return
 
+        # the start-up line goes through upstream's own log function, as its other lines do
+        say = getattr(module, "print_rank_0", None)
+        if not callable(say):
+            from patches.profiler.sources import say_on_rank_0 as say
+
         @functools.wraps(original)
         def train_step(*args, **kwargs):
             model = kwargs["model"] if "model" in kwargs else args[2]
@@ -116,7 +121,7 @@ class UpstreamRun:
             # Upstream's own timers are its business: the door times its train_step, the unprofiled
             # iterations the report compares with on the clock the profiled one is timed on.
             iteration = _iteration_being_run(megatron_args)
-            return self.door_of(megatron_args, global_vars, iteration).train_step(
+            return self.door_of(megatron_args, global_vars, iteration, say).train_step(
                 engine, iteration, lambda: original(*args, **kwargs))
 
         _replace(module, "train_step", original, train_step)
@@ -141,19 +146,19 @@ class UpstreamRun:
 
         return finishing_train
 
-    def door_of(self, args: Namespace, global_vars: ModuleType, iteration: int):
+    def door_of(self, args: Namespace, global_vars: ModuleType, iteration: int, say: Callable[[str], None]):
         """The run's one door, made on its first iteration (`iteration`, after any checkpoint has loaded) from
-        upstream's parsed arguments; global rank 0 says what it will profile, as the fork's train() does."""
+        upstream's parsed arguments; say(line), upstream's print_rank_0, tells what it will profile, as the fork's
+        train() does."""
         if self.door is None:
             from patches.megatron_door import MegatronDoor
-            from patches.profiler.sources import say_on_rank_0
 
             get_writer = getattr(global_vars, "get_tensorboard_writer", None)
             self.door = MegatronDoor(args, functools.partial(_describe_run, args), first_done=iteration - 1,
                                      tensorboard_writer=get_writer() if callable(get_writer) else None,
                                      shapes_change=shapes_change(args))
             if self.door.announcement is not None:
-                say_on_rank_0(f"> FLOPs profiler (patches): {self.door.announcement}; report files in "
+                say(f"> FLOPs profiler (patches): {self.door.announcement}; report files in "
                               f"{args.profile_flops_output}")
         return self.door
 

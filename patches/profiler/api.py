@@ -6,15 +6,15 @@ engine.flops_profiler, with the store's PublishedReports (engine.flops_profiler 
 LocalReport). Whether a call is collective is the source's type.
 """
 import sys
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.files import write_json, write_trace
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
-from patches.profiler.printer import format_aggregated, format_report
-from patches.profiler.sources import HeldReport, MeasuringSource, ProfileIncomplete, ReportSource
+from patches.profiler.printer import format_aggregated
+from patches.profiler.sources import HeldReport, MeasuringSource, ProfileIncomplete, ReportSource, print_report
 from patches.profiler.units import duration_to_string, number_to_string, params_to_string
 
 
@@ -107,26 +107,27 @@ class ProfilerAPI:
         return duration_to_string(duration) if as_string else duration
 
     # ------------------------------------------------------------------ printing and writing
-    def _report_or_say_why(self, profile_step: Optional[int]) -> Optional[dict]:
+    def _report_or_say_why(self, get: Callable[[], dict]) -> Optional[dict]:
+        """get(): the report (collective where the source is); a profile not complete is one line instead of it,
+        and training goes on."""
         try:
-            return self.get_report(profile_step)
-        except ProfileIncomplete as missing:  # one line instead of the report; training goes on
+            report = get()
+        except ProfileIncomplete as missing:
             print(str(missing), file=sys.stderr, flush=True)
             return None
+        self._set_attributes()
+        return report
 
     def print_model_profile(self, profile_step: Optional[int] = None, module_depth: int = -1, top_modules: int = 1,
                             detailed: bool = True, output_file: Optional[str] = None) -> None:
         """The whole-model report, printed (or written to output_file) by the rank the source names."""
-        report = self._report_or_say_why(profile_step)
-        if report is None:
-            return
-        text = format_report(report, module_depth=module_depth, top_modules=top_modules,
-                             detailed=detailed) if self._source.emits_here else ""
-        self._source.emit(text, output_file)
+        self._report_or_say_why(lambda: print_report(self._source, profile_step, output_file,
+                                                     module_depth=module_depth, top_modules=top_modules,
+                                                     detailed=detailed))
 
     def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
         """The top module types per depth of the whole model (the report's Aggregated Profile)."""
-        report = self._report_or_say_why(None)
+        report = self._report_or_say_why(lambda: self._source.report(None))
         if report is None:
             return
         text = "\n".join(format_aggregated(report, module_depth, top_modules)) if self._source.emits_here else ""

@@ -28,6 +28,7 @@ from patches.profiler.gather import GatherResult, ReportGroups, gather_replica, 
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.numbering import running_iteration
+from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
 from patches.profiler.stragglers import RankSample
 from patches.profiler.trace import build_trace
@@ -383,6 +384,17 @@ def _where(ranks: List[int], layout: EngineLayout) -> str:
         by_stage.setdefault(coordinates[rank], []).append(str(rank))
     return "; ".join(f"stage {stage} (rank{'s' if len(members) > 1 else ''} {', '.join(members)})"
                      for stage, members in sorted(by_stage.items()))
+
+
+def print_report(source: ReportSource, step: Optional[int] = None, output_file: Optional[str] = None,
+                 module_depth: int = -1, top_modules: int = 1, detailed: bool = True) -> dict:
+    """The one way a report reaches its reader: source.report(step) (collective where the source is), formatted
+    (printer.format_report's module_depth, top_modules, detailed) on the rank that emits it alone, and printed
+    there or written to output_file. Returns the report."""
+    report = source.report(step)
+    text = format_report(report, module_depth, top_modules, detailed) if source.emits_here else ""
+    source.emit(text, output_file)
+    return report
 
 
 def describe_run(measurement: StageMeasurement) -> RunDescription:
