@@ -6,12 +6,16 @@ import random
 import pytest
 
 from patches.partition.planner import (
+    Basis,
     LayerCost,
     balanced_parts,
+    gain_within_spread,
     least_peak_parts,
     memory_bounded_parts,
     model_iter_s,
     plan,
+    plan_from_table,
+    plan_line,
     predict,
 )
 
@@ -158,3 +162,25 @@ def test_the_memory_bounded_programme_is_the_brute_force(seed):
     expected = min(within, key=lambda p: (loads[tuple(p)], p))
     assert memory_bounded_parts(costs, stages, None, peak, limit) == (
         expected, None if least <= limit else least - limit)
+
+
+def test_a_gain_within_the_spread_of_its_iterations_is_said_to_be_unsupported():
+    # 5% faster predicted over iterations that spread 6%: the measurements cannot tell it from their own variation;
+    # 7% over the same 6% they can; a plan that moves nothing, or a basis without a measured spread, says neither
+    steady = Basis(0.8, (4, 5, 6), 0.06)
+    assert gain_within_spread(-0.05, True, steady) is True
+    assert gain_within_spread(-0.06, True, steady) is True
+    assert gain_within_spread(-0.07, True, steady) is False
+    assert gain_within_spread(-0.05, False, steady) is None
+    assert gain_within_spread(-0.05, True, Basis(1.0, (1,), None)) is None
+    assert gain_within_spread(-0.05, True, Basis(1.0, (1,), 0.06, note="the warm-up alone")) is None
+    layers = [{"index": i, "type": "L", "stage": i // 2, "fwd_latency_s": s, "bwd_latency_s": 0.0,
+               "recompute_latency_s": 0.0} for i, s in enumerate([1.0, 1.0, 0.5, 0.4])]
+    # scaled by 0.8, the loads as ran are 1.6 and 0.72 s, [0, 1, 4]'s 0.8 and 1.52: per micro-batch (4 of them)
+    # the 1F1B model moves from 0.58 + 3 x 0.4 = 1.78 to 0.58 + 3 x 0.38 = 1.72 s, so 10 s measured -> 9.94, -0.6%
+    planned = plan_from_table(layers, [0, 2, 4], [0.0, 0.0], 10.0, 4, basis=steady)
+    assert planned["parts"] == [0, 1, 4] and planned["predicted_iter_s"] == pytest.approx(9.94, abs=1e-12)
+    words = "; the gain is within that spread, so these measurements cannot tell it from noise"
+    assert planned["gain_within_spread"] is True and plan_line(planned).endswith(words)
+    planned = plan_from_table(layers, [0, 2, 4], [0.0, 0.0], 10.0, 4, basis=Basis(0.8, (4, 5, 6), 0.005))
+    assert planned["gain_within_spread"] is False and words not in plan_line(planned)

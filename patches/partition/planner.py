@@ -256,15 +256,26 @@ def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float]
         plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit)
     peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None
     fits = max(peaks) <= limit if peaks is not None and limit is not None else None
+    change = best.predicted_iter_s / iter_s - 1
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
             "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
             "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
-            "predicted_change": best.predicted_iter_s / iter_s - 1, "predicted_bubble": best.predicted_bubble,
+            "predicted_change": change, "predicted_bubble": best.predicted_bubble,
             "basis": basis.as_dict() if basis is not None else None,
+            "gain_within_spread": gain_within_spread(change, best.parts != list(parts), basis),
             "memory_limit_bytes": limit, "memory_limit_source": source if limit is not None else None,
             "predicted_peak_bytes": peaks, "memory_fits": fits,
             "memory_excess_bytes": max(peaks) - limit if fits is False else None}
+
+
+def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Optional[bool]:
+    """Whether a plan's predicted gain is no larger than the spread of the steady iterations its times rest on (the
+    measurements cannot tell such a gain from their own variation); None where nothing moves or no spread was
+    measured."""
+    if not moved or basis is None or basis.spread is None or basis.note is not None:
+        return None
+    return -change <= basis.spread
 
 
 def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None,
@@ -353,7 +364,8 @@ def plan_line(plan: dict) -> str:
     return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
             f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
             f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
-            f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}" + memory_note(plan))
+            f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}{spread_words(plan)}"
+            + memory_note(plan))
 
 
 def basis_words(basis: Optional[dict]) -> str:
@@ -365,6 +377,14 @@ def basis_words(basis: Optional[dict]) -> str:
     iterations = basis["iterations"]
     spread = f", spread {100 * basis['spread']:.1f}%" if basis.get("spread") is not None else ""
     return f" (over iterations {', '.join(map(str, iterations))}{spread})"
+
+
+def spread_words(plan: dict) -> str:
+    """'' unless the predicted gain is within the spread of the iterations the plan rests on; then that these
+    measurements cannot support acting on it."""
+    if not plan.get("gain_within_spread"):
+        return ""
+    return "; the gain is within that spread, so these measurements cannot tell it from noise"
 
 
 def what_if_line(plan: dict) -> str:

@@ -24,7 +24,7 @@ EXACT_FLOATS = {"measured_over_analytic", "peak_tflops", "ideal_fraction", "log_
 # Values that a clock decides although they are not floats.
 # (The partition plan's parts, and the stage that bounds the partition that ran, follow the layers' times.)
 DECIDED_BY_TIME = {"bounding_stage", "slowest_dp_rank", "slowest_ranks", "log_line_note", "parts",
-                   "current_bounding_stage", "warming_up_note"}
+                   "current_bounding_stage", "warming_up_note", "gain_within_spread"}
 # Memory figures read off the allocator's levels, and the tp rank they pick.
 DECIDED_BY_THE_ALLOCATOR = {"start_bytes", "end_bytes", "base_bytes", "kept_bytes_per_micro_batch",
                             "outside_layers_bytes", "compute_transient_bytes", "step_transient_bytes",
