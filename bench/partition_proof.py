@@ -13,8 +13,12 @@ S+3, which delivers the report, left out) is compared with the report's predicti
 a launch of the plan (--pp-partition-from-profile that report), profiled at its last iteration so that the
 iterations before it are timed: the plan's predicted iteration time and peaks against that launch's measured
 median and peaks. Where two steps plan the same parts, one planned launch serves both. Last, the memory-limit
-case (the fork, pp 2, checkpointing off): a limit between the least peak any partition reaches and the largest
-peak of the time-optimal plan, the plan under it (--pp-partition-memory-limit) launched and its peaks measured.
+case: a limit between the least peak any partition reaches and the largest peak of the time-optimal plan, the plan
+under it (--pp-partition-memory-limit) launched and its peaks measured. It plans from the first of the fork's
+default launches (checkpointing off) where such a limit exists. On UNBALANCED none does: the LM head alone is the
+largest stage at any pp, in the time-optimal plan too. Then it launches LIMIT_SHAPE at pp 4 (profiled at step 3)
+for it: the vocabulary at 4,096 makes the head light, and the first stage, with 4 micro-batches in flight, sets
+the peak of the time-optimal plan.
 
 The shapes are partition_py's: UNBALANCED for the fork, UPSTREAM_SHAPE for upstream (TINY and
 UPSTREAM_QUICK under --quick). Errors are predicted / measured - 1; one over 10% (the acceptance bar) is in bold
@@ -39,6 +43,9 @@ MB = 1000 ** 2  # the report's MB
 BAR = 0.10  # the acceptance bar on every error
 WARMUP = 1  # iterations left out of a launch's median at its start
 CHECKPOINTING = {"off": [], "on": ["--checkpoint-activations"]}
+# the limit case's own GPT where the default run's has no room for a limit: UNBALANCED with a light LM head
+LIMIT_SHAPE = dict(speedup.UNBALANCED, vocab=4096)
+LIMIT_PP, LIMIT_STEP = 4, 3
 
 
 @dataclass
@@ -92,7 +99,8 @@ def run(case, partition, iterations, step, out, work):
     seconds = time.perf_counter() - start
     measured = speedup.steady_ms(times, WARMUP, iterations, step)
     parts = report["partition_plan"]["current_parts"]
-    print(f"  {out}: parts {parts}, median {measured:.1f} ms ({seconds:.0f} s)", flush=True)
+    each = " ".join(f"{ms:.0f}" for _, ms in sorted(times.items()))
+    print(f"  {out}: parts {parts}, median {measured:.1f} ms ({seconds:.0f} s; ms by iteration: {each})", flush=True)
     return Run(parts, measured, report, work / out / f"flops_profile_step{step}.json", seconds)
 
 
@@ -118,7 +126,7 @@ def planned_row(case, step, plan, planned, shared):
 
 def prove(case, steps, settings, work):
     """The rows of one case: for each step, the default launch and the launch of its plan (shared by equal plans);
-    and the default runs, by step, for the limit case."""
+    and the default launches, by step, for the limit case."""
     rows, defaults, planned_by_parts = [], {}, {}
     label = f"{case.name}_pp{case.pp}_ckpt{case.checkpointing}"
     print(f"{case.target.name}: pp {case.pp}, checkpointing {case.checkpointing}", flush=True)
@@ -146,6 +154,7 @@ def prove(case, steps, settings, work):
 class LimitCase:
     """The limit chosen between the least achievable peak and the time-optimal plan's, the plan under it and the
     launch of that plan."""
+    case: Case
     step: int
     time_optimal: dict
     least_parts: List[int]
@@ -172,20 +181,32 @@ def limit_between(report):
 
 
 def prove_limit(case, step, default, settings, work):
-    """The plan under a limit that rules the time-optimal plan out, launched; None where no limit can."""
-    between = limit_between(default.report)
-    if between is None:
-        print(f"limit case: the time-optimal plan {default.report['partition_plan']['parts']} already has the least "
-              "peak any partition reaches: no limit between them", flush=True)
-        return None
-    limit, least_parts, least = between
+    """The plan under a limit that rules the time-optimal plan out, launched."""
+    limit, least_parts, least = limit_between(default.report)
     chosen = plan_of(default.report, limit=limit, source="flag")
     print(f"{case.target.name}: pp {case.pp}, checkpointing {case.checkpointing}, memory limit {limit} bytes",
           flush=True)
     flags = ["--pp-partition-from-profile", str(default.path), "--pp-partition-memory-limit", str(limit)]
     launched = run(case, flags, settings.planned_iterations, settings.planned_iterations,
                    f"{case.name}_pp{case.pp}_limit", work)
-    return LimitCase(step, default.report["partition_plan"], least_parts, least, limit, chosen, launched)
+    return LimitCase(case, step, default.report["partition_plan"], least_parts, least, limit, chosen, launched)
+
+
+def memory_limit_case(fork_defaults, settings, work):
+    """The limit case from the first of the fork's default launches (checkpointing off) with room for a limit,
+    else from a launch of LIMIT_SHAPE; None where neither has any. fork_defaults: (case, step, run)."""
+    for case, step, default in fork_defaults:
+        if case.checkpointing == "off" and limit_between(default.report) is not None:
+            return prove_limit(case, step, default, settings, work)
+    print(f"limit case: no default launch of this run has room for a limit (its time-optimal plan already has the "
+          f"least peak); launching {LIMIT_SHAPE} at pp {LIMIT_PP}", flush=True)
+    case = Case("fork", speedup.fork_target(LIMIT_SHAPE), LIMIT_SHAPE, LIMIT_PP, "off")
+    default = run(case, case.target.methods[speedup.DEFAULT_NAME], LIMIT_STEP + settings.after, LIMIT_STEP,
+                  "fork_limit_shape", work)
+    if limit_between(default.report) is None:
+        print(f"limit case: none either in {default.report['partition_plan']['parts']}", flush=True)
+        return None
+    return prove_limit(case, LIMIT_STEP, default, settings, work)
 
 
 # ---------------------------------------------------------------- printing
@@ -224,24 +245,28 @@ def print_rows(rows, pp):
     print(markdown(headers, lines))
 
 
-def print_limit(case):
-    chosen, measured = case.chosen, stage_peaks(case.run.report, "measured_peak_bytes")
-    within = all(m is not None and m <= case.limit for m in measured)
-    print(f"\nmemory limit (fork, pp {len(chosen['parts']) - 1}, checkpointing off, the report of step {case.step}): "
-          f"{megabytes(case.limit)} MB, between the least largest peak any partition reaches, "
-          f"{megabytes(case.least_peak)} MB ({case.least_parts}), and the time-optimal plan's "
-          f"{megabytes(max(case.time_optimal['predicted_peak_bytes']))} MB ({case.time_optimal['parts']})\n")
+def print_limit(proof):
+    """The limit, the time-optimal plan it rules out (not launched) and the plan under it against its launch."""
+    chosen, optimal = proof.chosen, proof.time_optimal
+    measured = stage_peaks(proof.run.report, "measured_peak_bytes")
+    within = all(m is not None and m <= proof.limit for m in measured)
+    print(f"\nmemory limit {megabytes(proof.limit)} MB (fork, pp {proof.case.pp}, checkpointing off, shape "
+          f"{proof.case.shape}; planned from the default partition's report of step {proof.step}): between the least "
+          f"largest peak any partition reaches, {megabytes(proof.least_peak)} MB ({proof.least_parts}), and the "
+          f"time-optimal plan's {megabytes(max(optimal['predicted_peak_bytes']))} MB\n")
     headers = ["plan", "parts", "predicted ms", "measured median ms", "error"] + \
         [f"stage {s} peak MB, predicted / measured (error)" for s in range(len(measured))] + ["within the limit"]
-    ran = "" if case.run.parts == chosen["parts"] else f" (ran {case.run.parts})"
-    row = [f"under the limit{ran}", chosen["parts"], f"{chosen['predicted_iter_s'] * 1000:.1f}",
-           f"{case.run.measured_ms:.1f}", percent(error(chosen["predicted_iter_s"] * 1000, case.run.measured_ms))] + \
-        [peak_cell(p, m) for p, m in zip(chosen["predicted_peak_bytes"], measured)] + \
-        [("yes" if within else "**no**") + f" (fits predicted: {chosen['memory_fits']})"]
-    print(markdown(headers, [row]))
+    ran = "" if proof.run.parts == chosen["parts"] else f" (ran {proof.run.parts})"
+    rows = [["time-optimal (not launched)", optimal["parts"], f"{optimal['predicted_iter_s'] * 1000:.1f}", "", ""]
+            + [f"{megabytes(p)} / -" for p in optimal["predicted_peak_bytes"]] + ["no (predicted)"],
+            [f"under the limit{ran}", chosen["parts"], f"{chosen['predicted_iter_s'] * 1000:.1f}",
+             f"{proof.run.measured_ms:.1f}", percent(error(chosen["predicted_iter_s"] * 1000, proof.run.measured_ms))]
+            + [peak_cell(p, m) for p, m in zip(chosen["predicted_peak_bytes"], measured)]
+            + [("yes" if within else "**no**") + f" (predicted: {'yes' if chosen['memory_fits'] else 'no'})"]]
+    print(markdown(headers, rows))
 
 
-def over_the_bar(rows, limit_case):
+def over_the_bar(rows, limit):
     """Each error over the bar, one line each."""
     lines = []
     for row in rows:
@@ -254,12 +279,15 @@ def over_the_bar(rows, limit_case):
             peak_error = error(p, m)
             if peak_error is not None and abs(peak_error) > BAR:
                 lines.append(f"{where}: stage {stage} peak {peak_error:+.1%}")
-    if limit_case is not None:
-        measured = stage_peaks(limit_case.run.report, "measured_peak_bytes")
-        for stage, (p, m) in enumerate(zip(limit_case.chosen["predicted_peak_bytes"], measured)):
-            if m is None or m > limit_case.limit:
+    if limit is not None:
+        time_error = error(limit.chosen["predicted_iter_s"] * 1000, limit.run.measured_ms)
+        if abs(time_error) > BAR:
+            lines.append(f"limit run: iteration time {time_error:+.1%}")
+        measured = stage_peaks(limit.run.report, "measured_peak_bytes")
+        for stage, (p, m) in enumerate(zip(limit.chosen["predicted_peak_bytes"], measured)):
+            if m is None or m > limit.limit:
                 lines.append(f"limit run: stage {stage} measured {megabytes(m)} MB over the limit "
-                             f"{megabytes(limit_case.limit)} MB")
+                             f"{megabytes(limit.limit)} MB")
             elif abs(error(p, m)) > BAR:
                 lines.append(f"limit run: stage {stage} peak {error(p, m):+.1%}")
     return lines
@@ -273,6 +301,7 @@ def parse():
     parser.add_argument("--checkpointing", nargs="+", choices=list(CHECKPOINTING), default=list(CHECKPOINTING))
     parser.add_argument("--no-fork", action="store_true", help="upstream's pretrain_gpt.py alone")
     parser.add_argument("--no-limit", action="store_true", help="leave out the memory-limit case")
+    parser.add_argument("--limit-only", action="store_true", help="the memory-limit case alone")
     parser.add_argument("--quick", action="store_true", help="the tiny GPT, pp 2, step 3, checkpointing off")
     parser.add_argument("--upstream", metavar="DIR", help="an upstream Megatron-DeepSpeed checkout to run too")
     parser.add_argument("--upstream-python", metavar="PY", default=sys.executable,
@@ -280,8 +309,11 @@ def parse():
     args = parser.parse_args()
     if args.no_fork and not args.upstream:
         parser.error("--no-fork leaves nothing to run without --upstream")
+    if args.limit_only and (args.no_limit or args.no_fork):
+        parser.error("--limit-only runs the fork's memory-limit case alone")
     if args.quick:
         args.pp, args.steps, args.checkpointing = [2], [3], ["off"]
+    args.no_limit = args.no_limit or args.no_fork  # the limit case is the fork's
     return args
 
 
@@ -297,29 +329,38 @@ def targets(args, work):
     return chosen
 
 
+def prove_all(args, settings, work):
+    """Every target x pp x checkpointing asked for: the rows by pp, and the fork's default launches as
+    (case, step, run) for the limit case."""
+    rows: Dict[int, List[Row]] = {pp: [] for pp in args.pp}
+    fork_defaults = []
+    for name, target, shape in targets(args, work):
+        print(f"{name}: shape {shape}", flush=True)
+        for pp in args.pp:
+            for checkpointing in args.checkpointing:
+                case = Case(name, target, shape, pp, checkpointing)
+                case_rows, defaults = prove(case, args.steps, settings, work)
+                rows[pp] += case_rows
+                fork_defaults += [(case, step, default) for step, default in defaults.items() if name == "fork"]
+    return rows, fork_defaults
+
+
 def main():
     args = parse()
     settings = Settings(after=4, planned_iterations=5) if args.quick else Settings(after=5, planned_iterations=9)
     print(machine(), flush=True)
     start = time.perf_counter()
-    rows: Dict[int, List[Row]] = {pp: [] for pp in args.pp}
-    limit_case = None
+    rows, limit = {}, None
     with tempfile.TemporaryDirectory(prefix="partition_proof_") as work:
-        for name, target, shape in targets(args, Path(work)):
-            print(f"{name}: shape {shape}", flush=True)
-            for pp in args.pp:
-                for checkpointing in args.checkpointing:
-                    case = Case(name, target, shape, pp, checkpointing)
-                    case_rows, defaults = prove(case, args.steps, settings, Path(work))
-                    rows[pp] += case_rows
-                    if (name, pp, checkpointing) == ("fork", 2, "off") and not args.no_limit:
-                        step = args.steps[0]
-                        limit_case = prove_limit(case, step, defaults[step], settings, Path(work))
+        if not args.limit_only:
+            rows, fork_defaults = prove_all(args, settings, Path(work))
+        if not args.no_limit:
+            limit = memory_limit_case(fork_defaults if not args.limit_only else [], settings, Path(work))
     for pp, pp_rows in rows.items():
         print_rows(pp_rows, pp)
-    if limit_case is not None:
-        print_limit(limit_case)
-    flagged = over_the_bar([row for pp_rows in rows.values() for row in pp_rows], limit_case)
+    if limit is not None:
+        print_limit(limit)
+    flagged = over_the_bar([row for pp_rows in rows.values() for row in pp_rows], limit)
     print(f"\nerrors over the {BAR:.0%} bar: " + ("none" if not flagged else f"{len(flagged)}"))
     for line in flagged:
         print(f"- {line}")
