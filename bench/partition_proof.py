@@ -10,8 +10,8 @@ For each target, pipeline size, activation checkpointing and profiled step S: a 
 partition profiled at S (train-iters S + 5, so its report's baseline is S+1 .. S+3) gives each stage's
 predicted and measured memory peak and the plan; its log lines' median iteration time (warm-up, S-1, S and
 S+3, which delivers the report, left out) is compared with the report's prediction for its own partition. Then
-a launch of the plan (--pp-partition-from-profile that report), profiled at its last iteration so that the
-iterations before it are timed: the plan's predicted iteration time and peaks against that launch's measured
+a launch of the plan (--pp-partition-from-profile that report), 9 iterations profiled at the last so that 2 .. 7
+are timed: the plan's predicted iteration time and peaks against that launch's measured
 median and peaks. Where two steps plan the same parts, one planned launch serves both. Last, the memory-limit
 case: a limit between the least peak any partition reaches and the largest peak of the time-optimal plan, the plan
 under it (--pp-partition-memory-limit) launched and its peaks measured. It plans from the first of the fork's
@@ -20,7 +20,7 @@ largest stage at any pp, in the time-optimal plan too. Then it launches LIMIT_SH
 for it: the vocabulary at 4,096 makes the head light, and the first stage, with 4 micro-batches in flight, sets
 the peak of the time-optimal plan.
 
-The shapes are partition_py's: UNBALANCED for the fork, UPSTREAM_SHAPE for upstream (TINY and
+The shapes are partition_speedup.py's: UNBALANCED for the fork, UPSTREAM_SHAPE for upstream (TINY and
 UPSTREAM_QUICK under --quick). Errors are predicted / measured - 1; one over 10% (the acceptance bar) is in bold
 and listed at the end. The tables are markdown, for docs/benchmarks.md.
 """
