@@ -128,25 +128,31 @@ def upstream_target(checkout, python, shape, work):
                   Path(checkout), flags, env, methods)
 
 
-def launch(target, shape, pp, iterations, partition_flags, out_dir):
-    """pretrain_gpt.py on pp ranks, its last iteration profiled into out_dir; returns ({iteration: ms}, report)."""
+def launch(target, shape, pp, iterations, partition_flags, out_dir, step=None):
+    """pretrain_gpt.py on pp ranks, iteration `step` (default: the last) profiled into out_dir; returns
+    ({iteration: ms}, report)."""
+    step = step or iterations
     command = [target.deepspeed, "--num_gpus", str(pp), "--master_port", str(free_port())]
     command += target.launcher_args + [target.script]
     command += [str(flag) for flag in gpt_flags(shape, pp, iterations) + target.flags + partition_flags]
-    command += ["--profile-flops-step", str(iterations), "--profile-flops-output", str(out_dir)]
+    command += ["--profile-flops-step", str(step), "--profile-flops-output", str(out_dir)]
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", **target.env)
     process = subprocess.run(command, cwd=target.cwd or out_dir, env=env, capture_output=True, text=True)
     if process.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")
     times = {int(m.group(1)): float(m.group(2)) for m in _ITERATION.finditer(process.stdout)}
-    report = json.loads((out_dir / f"flops_profile_step{iterations}.json").read_text())
+    report = json.loads((out_dir / f"flops_profile_step{step}.json").read_text())
     return times, report
 
 
-def steady_ms(times, warmup, iterations):
-    """The median iteration time after the warm-up, before the counting and the profiled iterations."""
-    return statistics.median(ms for it, ms in times.items() if warmup < it < iterations - 1)
+def steady_ms(times, warmup, iterations, step=None):
+    """The median iteration time after the warm-up, leaving out the counting and the profiled iterations (step:
+    the profiled one, default the last) and step + 3, whose log line includes delivering the report (it waits
+    for 3 iterations after the step; where the run ends sooner, it comes after the last log line)."""
+    step = step or iterations
+    left_out = {step - 1, step, step + 3}
+    return statistics.median(ms for it, ms in times.items() if warmup < it <= iterations and it not in left_out)
 
 
 def measure(target, shape, pp, rounds, iterations, warmup, work):
