@@ -7,8 +7,8 @@ moments a DeepSpeed optimizer keeps count as it allocated them, in their own dty
 
 - parameters: the storages of the stage module's parameters;
 - gradients: the storages of those parameters' `.grad`, of the `.grad` of every tensor the optimizer holds, and of
-  every tensor the optimizer holds under an attribute or key whose name says gradient (ZeRO's `averaged_gradients`,
-  its reduction buckets, the bf16 optimizer's flat gradient buffers);
+  every tensor the optimizer holds under an attribute or key whose name says gradient (ZeRO's `averaged_gradients`
+  and gradient partitions, the bf16 optimizer's flat gradient buffers);
 - optimizer: every other storage the engine's optimizer reaches through its attributes, containers and state
   (Adam's moments and step counters, fp32 master weights, flat buffers), modules excepted;
 - fixed: DeepSpeed ZeRO's gradient reduction buckets (reduction_buckets), whatever the walk reaches them as: they
