@@ -85,7 +85,7 @@ def worker(shape, rounds):
     layers = sum(memory.layer_activation_bytes.values())
     position = PositionMemory(terms.base_bytes, terms.kept_bytes_per_micro_batch - layers,
                               terms.in_flight_micro_batches, terms.compute_transient_bytes,
-                              terms.step_transient_bytes, memory.state_bytes)
+                              terms.step_transient_bytes, memory.state_bytes, memory.fixed_buffer_bytes)
     peak = stage_peak(memory.state_bytes, layers, position)
     line = [engine.stage_id, bytes_to_string(memory.state_bytes), terms.in_flight_micro_batches,
             bytes_to_string(terms.kept_bytes_per_micro_batch), bytes_to_string(peak.predicted_peak_bytes),

@@ -313,3 +313,76 @@ def test_the_peak_terms_of_a_1f1b_stage():
     assert terms.kept_bytes_per_micro_batch == 110 and terms.in_flight_micro_batches == 2
     assert terms.compute_transient_bytes == 7 and terms.step_transient_bytes == 50
     assert terms.measured_peak_bytes == base + 227
+
+
+# ---------------------------------------------------------------- ZeRO's reduction buckets: fixed, not state
+BUCKET = 1000  # reduce_bucket_size, in elements: fp32 buckets of 4000 bytes
+
+
+def _zero1_stage_memory(out_path):
+    """In a process of its own (DeepSpeed's process group, world size 1): a ZeRO-1 engine's instructions as a
+    PipelineEngine's stage runs them (the backward, ReduceGrads' reduce_gradients(pipeline_parallel=True), the
+    step), measured; writes what held_state saw after the backward and the StageMemory."""
+    import json
+    import os
+
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    from patches.profiler.held_state import reduction_buckets
+    from patches.profiler.memory import MemoryMeasurement
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=os.environ["TEST_MASTER_PORT"])
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    model = _two_linears()
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": 1, "reduce_bucket_size": BUCKET}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.Adam(model.parameters()), config=config)
+    memory = MemoryMeasurement.started(engine, get_accelerator())
+    with memory.instruction("ForwardPass", 0):
+        loss = engine.module(torch.randn(3, 8)).sum()
+    with memory.instruction("BackwardPass", 0):
+        loss.backward()
+    after_backward = held_state(engine.module, engine.optimizer)
+    with memory.instruction("ReduceGrads"):
+        engine.optimizer.reduce_gradients(pipeline_parallel=True)
+    with memory.instruction("OptimizerStep"):
+        engine.optimizer.step()
+    stage = memory.stop()
+    record = {"fixed": after_backward.fixed_bytes, "buckets": sum(reduction_buckets(engine.optimizer).values()),
+              "in_state": bool(set(after_backward.fixed) & set(after_backward.state())),
+              "watch_removed": "_release_ipg_buffers" not in vars(engine.optimizer),
+              "memory": stage.as_dict(), "version": deepspeed.__version__}
+    with open(out_path, "w") as f:
+        json.dump(record, f)
+
+
+def _in_own_process(rank, body, out_path):
+    body(out_path)
+
+
+@pytest.mark.launch
+def test_zero_reduction_buckets_are_fixed_buffers_not_state(tmp_path, monkeypatch):
+    """A real DeepSpeedZeroOptimizer: its buckets (reduce_bucket_size elements, whatever the model) are neither
+    gradients nor optimizer state, and the step's fixed_buffer_bytes counts every bucket it held at once, read
+    before ZeRO lets them go inside ReduceGrads."""
+    import json
+
+    from tests.helpers.launch import free_port
+
+    monkeypatch.setenv("TEST_MASTER_PORT", str(free_port()))
+    out = tmp_path / "zero1.json"
+    torch.multiprocessing.start_processes(_in_own_process, args=(_zero1_stage_memory, str(out)), nprocs=1,
+                                          start_method="spawn")
+    record = json.loads(out.read_text())
+    numel = sum(p.numel() for p in _two_linears().parameters())
+    memory = record["memory"]
+    # reduce_gradients(pipeline_parallel=True) makes one bucket, beside the one the gradient hooks made in the
+    # backward where they make one (DeepSpeed 0.19 does; 0.16 not), all let go at its end
+    assert record["fixed"] in (0, BUCKET * FLOAT) and not record["in_state"]
+    assert memory["fixed_buffer_bytes"] == BUCKET * FLOAT + record["fixed"] and record["buckets"] == 0
+    assert record["watch_removed"]
+    # the state is the parameters, their gradients and Adam's fp32 partition: no bucket in it, nor in the layers'
+    assert memory["param_bytes"] == numel * FLOAT and memory["grad_bytes"] < BUCKET * FLOAT
+    assert memory["state_bytes"] < BUCKET * FLOAT

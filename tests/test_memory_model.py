@@ -56,6 +56,39 @@ def test_another_number_of_stages_keeps_the_ends_and_takes_1f1b_in_flight():
     assert peaks[1].compute_peak_bytes == 100 + 1000 + 3 * 320 + 30  # 4 - 1 in flight
 
 
+# ZeRO's stage 0 in miniature: a step transient of 4100, 4000 of it reduction buckets (fixed), the other 100 the
+# optimizer's temporaries for a state of 5000; the buckets took the place of 0 gradient bytes here.
+ZERO_FIRST = PositionMemory(base_bytes=100, outside_layers_bytes=20, in_flight_micro_batches=2,
+                            compute_transient_bytes=30, step_transient_bytes=4100, step_state_bytes=5000,
+                            fixed_buffer_bytes=4000)
+
+
+def test_fixed_buffers_stay_with_the_position_and_only_the_rest_scales():
+    # as it ran: 100 + 5000 + 4000 + 100 x 5000 // 5000 = 9200, the step transient unscaled
+    assert stage_peak(5000, 310, ZERO_FIRST).step_peak_bytes == 100 + 5000 + 4100 == 9200
+    # with one layer (state 4000): 100 + 4000 + 4000 + 100 x 4000 // 5000 = 8180 (all of it scaled: 7380)
+    moved = predict_peaks(LAYERS, [ZERO_FIRST, LAST], [0, 1, 4], micro_batches=8)
+    assert moved[0].step_peak_bytes == 8180 and moved[0].predicted_peak_bytes == 8180
+    # with three layers (state 6000): 100 + 6000 + 4000 + 100 x 6000 // 5000 = 10220
+    assert predict_peaks(LAYERS, [ZERO_FIRST, LAST], [0, 3, 4], 8)[0].step_peak_bytes == 10220
+    # the rest may be negative (gradients let go once copied into a bucket); it scales all the same, rounded down:
+    # 100 + 4000 + 4000 + (-300 x 4000 // 5000 = -240) = 7860
+    freed = PositionMemory(100, 20, 2, 30, 3700, 5000, fixed_buffer_bytes=4000)
+    assert stage_peak(4000, 10, freed).step_peak_bytes == 7860
+    # other numbers of stages keep each position's fixed buffers
+    assert [p.fixed_buffer_bytes for p in positions_for([ZERO_FIRST, LAST], 3, 8)] == [4000, 4000, 0]
+
+
+def test_a_report_without_fixed_buffers_plans_as_before():
+    """A report from before fixed_buffer_bytes was measured: 0, the step transient all scaled."""
+    report = json.loads((GOLDEN / "fork.report.json").read_text())
+    for stage in report["stages"]:
+        del stage["memory"]["fixed_buffer_bytes"]
+    layers, positions = memory_terms_of(report)
+    assert [p.fixed_buffer_bytes for p in positions] == [0, 0]
+    assert memory_terms_of(json.loads((GOLDEN / "fork.report.json").read_text())) == (layers, positions)
+
+
 def test_bad_parts_and_an_unknown_schedule_elsewhere_are_refused():
     with pytest.raises(ValueError, match=r"parts \[0, 2, 2, 4\] do not cut 4 layers"):
         predict_peaks(LAYERS, [FIRST, LAST], [0, 2, 2, 4], 8)

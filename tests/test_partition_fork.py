@@ -82,6 +82,29 @@ def test_the_reports_plan_keeps_every_stage_within_the_memory_limit(saved, tmp_p
 
 
 @pytest.mark.launch
+def test_zeros_reduction_buckets_stay_with_each_stage_position(saved):
+    """ZeRO-1's reduction buckets (DeepSpeed 0.19: two of reduce_bucket_size = 500M fp32 elements, one its gradient
+    hooks make in the first backward, one reduce_gradients adds) are each stage's fixed buffers, none of its state:
+    the layers split only the state, and moving a layer moves a few hundred KB, not a slice of 4 GB."""
+    _, report, _ = saved
+    buckets = 2 * 500_000_000 * 4
+    for stage in report["stages"]:
+        memory = stage["memory"]
+        assert memory["fixed_buffer_bytes"] == buckets, memory
+        assert memory["state_bytes"] < 1_000_000 and memory["step_transient_bytes"] > buckets - 1_000_000, memory
+        held = [row["state_bytes"] for row in report["layers"] if row["stage"] == stage["stage_id"]]
+        assert sum(held) == memory["state_bytes"]
+    layers, positions = memory_terms_of(report)
+    micro_batches = report["parallelism"]["micro_batches"]
+    ran = [peak.predicted_peak_bytes for peak in predict_peaks(layers, positions, BY_PARAMETERS, micro_batches)]
+    assert ran == [stage["memory"]["predicted_peak_bytes"] for stage in report["stages"]]
+    for cut in range(1, 7):
+        peaks = predict_peaks(layers, positions, [0, cut, 7], micro_batches)
+        # each stage keeps its buckets: within the state moved (at most 1 MB) of the parts that ran
+        assert all(abs(peak.predicted_peak_bytes - before) < 1_000_000 for peak, before in zip(peaks, ran)), cut
+
+
+@pytest.mark.launch
 def test_a_checkpoint_of_other_parts_resumes_with_no_load_optim(saved):
     tmp, report, uninterrupted = saved
     plan = heavier(report, 1, tmp / "first_layer_heavy.json")  # the plan: the first transformer layer alone

@@ -11,10 +11,13 @@ What stays with a stage position (stages[s].memory):
   in_flight_micro_batches  the schedule's, as it ran (DeepSpeed's 1F1B: min(pp - s, micro-batches))
   compute_transient_bytes  the largest rise of a forward or backward above its ends (the head's logits)
   step_transient_bytes     the optimizer step's, with the state it was measured with: it scales with the state
-                           (the optimizer's temporaries follow what it updates)
+                           (the optimizer's temporaries follow what it updates), but for
+  fixed_buffer_bytes       the part of it in buffers of a fixed size (ZeRO's reduction buckets, reduce_bucket_size
+                           elements each): the same whatever layers the stage holds (0 in a report without it). The
+                           rest may be negative (ZeRO lets gradients go once copied into a bucket): it scales too
 
     peak = base + state + max(in_flight x (activations + outside) + compute transient,
-                              step transient x state / state measured)
+                              fixed + (step transient - fixed) x state / state measured)
 
 For as many stages as ran, each position keeps its measured terms. For another number of stages, the first and
 the last keep theirs, the stages between take the run's second stage's (or the first's, from a 2-stage run), and
@@ -44,6 +47,7 @@ class PositionMemory:
     compute_transient_bytes: int
     step_transient_bytes: int
     step_state_bytes: int  # the stage's state when its step transient was measured
+    fixed_buffer_bytes: int = 0  # of the step transient: not scaled with the state
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,10 @@ def stage_peak(state_bytes: int, layer_activation_bytes: int, position: Position
     activation = layer_activation_bytes + position.outside_layers_bytes
     held = position.base_bytes + state_bytes
     compute = held + position.in_flight_micro_batches * activation + position.compute_transient_bytes
-    step_transient = (position.step_transient_bytes * state_bytes // position.step_state_bytes
-                      if position.step_state_bytes else position.step_transient_bytes)
-    step = held + step_transient
+    scaled = position.step_transient_bytes - position.fixed_buffer_bytes
+    if position.step_state_bytes:
+        scaled = scaled * state_bytes // position.step_state_bytes
+    step = held + position.fixed_buffer_bytes + scaled
     return StagePeak(state_bytes, activation, compute, step, max(compute, step))
 
 
@@ -99,7 +104,8 @@ def positions_for(positions: Sequence[PositionMemory], stages: int, micro_batche
         middle = positions[1] if len(positions) > 2 else positions[0]
         chosen = [positions[0]] + [middle] * (stages - 2) + [positions[-1]]
     return [PositionMemory(p.base_bytes, p.outside_layers_bytes, min(stages - s, micro_batches),
-                           p.compute_transient_bytes, p.step_transient_bytes, p.step_state_bytes)
+                           p.compute_transient_bytes, p.step_transient_bytes, p.step_state_bytes,
+                           p.fixed_buffer_bytes)
             for s, p in enumerate(chosen)]
 
 
@@ -109,7 +115,8 @@ def position_of(memory: dict) -> Optional[PositionMemory]:
     if memory is None or memory.get("predicted_peak_bytes") is None:
         return None
     return PositionMemory(memory["base_bytes"], memory["outside_layers_bytes"], memory["in_flight_micro_batches"],
-                          memory["compute_transient_bytes"], memory["step_transient_bytes"], memory["state_bytes"])
+                          memory["compute_transient_bytes"], memory["step_transient_bytes"], memory["state_bytes"],
+                          memory.get("fixed_buffer_bytes") or 0)
 
 
 def memory_terms_of(report: dict) -> Optional[Tuple[List[LayerMemory], List[PositionMemory]]]:

@@ -7,13 +7,16 @@ moments a DeepSpeed optimizer keeps count as it allocated them, in their own dty
 
 - parameters: the storages of the stage module's parameters;
 - gradients: the storages of those parameters' `.grad`, of the `.grad` of every tensor the optimizer holds, and of
-  every tensor the optimizer holds under an attribute or key whose name says gradient (ZeRO's `averaged_gradients`,
-  its reduction buckets, the bf16 optimizer's flat gradient buffers);
+  every tensor the optimizer holds under an attribute or key whose name says gradient (ZeRO's `averaged_gradients`
+  and gradient partitions, the bf16 optimizer's flat gradient buffers);
 - optimizer: every other storage the engine's optimizer reaches through its attributes, containers and state
-  (Adam's moments and step counters, fp32 master weights, flat buffers), modules excepted.
+  (Adam's moments and step counters, fp32 master weights, flat buffers), modules excepted;
+- fixed: DeepSpeed ZeRO's gradient reduction buckets (reduction_buckets), whatever the walk reaches them as: they
+  are sized by the optimizer's reduce_bucket_size, not by the stage's parameters, so they are no part of the state
+  that moves with a layer.
 """
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -52,6 +55,7 @@ class HeldState:
     params: Storages
     grads: Storages
     optimizer: Storages
+    fixed: Storages = field(default_factory=dict)
 
     @property
     def param_bytes(self) -> int:
@@ -65,13 +69,22 @@ class HeldState:
     def optimizer_bytes(self) -> int:
         return sum(self.optimizer.values())
 
-    def all(self) -> Storages:
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(self.fixed.values())
+
+    def state(self) -> Storages:
+        """The parameters, gradients and optimizer state: what scales with the parameters."""
         return {**self.optimizer, **self.grads, **self.params}
+
+    def all(self) -> Storages:
+        return {**self.fixed, **self.state()}
 
 
 def held_state(module: torch.nn.Module, optimizer: Optional[object]) -> HeldState:
     """What `module` and `optimizer` hold now (see the module docstring); a storage reached both as a parameter and
-    otherwise is a parameter's, one reached as a gradient and otherwise a gradient's."""
+    otherwise is a parameter's, one reached as a gradient and otherwise a gradient's, a reduction bucket is fixed
+    however else it is reached."""
     params: Storages = {}
     grads: Storages = {}
     for param in module.parameters():
@@ -80,14 +93,34 @@ def held_state(module: torch.nn.Module, optimizer: Optional[object]) -> HeldStat
         if param.grad is not None:
             _add(grads, param.grad)
     held: Storages = {}
+    fixed: Storages = {}
     if optimizer is not None:
+        fixed = reduction_buckets(optimizer)
         for tensor, is_gradient in _tensors_of(optimizer):
             _add(grads if is_gradient else held, tensor)
     for key in list(grads):
-        if key in params:
+        if key in params or key in fixed:
             del grads[key]
-    optimizer_storages = {key: size for key, size in held.items() if key not in params and key not in grads}
-    return HeldState(params, grads, optimizer_storages)
+    optimizer_storages = {key: size for key, size in held.items()
+                          if key not in params and key not in grads and key not in fixed}
+    return HeldState(params, grads, optimizer_storages, fixed)
+
+
+def reduction_buckets(optimizer: object) -> Storages:
+    """The storages of DeepSpeed ZeRO's gradient reduction buckets that `optimizer` holds now (none where it is no
+    ZeRO optimizer, or between reductions: ZeRO makes them for a reduction and lets them go after it). Each holds
+    reduce_bucket_size elements whatever the parameters (500M by default). Found by the attributes that hold them:
+    `ipg_buffer`, a list of tensors (DeepSpeed 0.16), or `ipg_buckets`, a dtype -> bucket dict whose buckets hold
+    that list as `buffer` (0.19)."""
+    tensors = list(getattr(optimizer, "ipg_buffer", None) or ())
+    buckets = getattr(optimizer, "ipg_buckets", None)
+    for bucket in (buckets.values() if isinstance(buckets, dict) else ()):
+        tensors += list(getattr(bucket, "buffer", None) or ())
+    storages: Storages = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            _add(storages, tensor)
+    return storages
 
 
 def _names_gradient(name: object) -> bool:

@@ -23,6 +23,11 @@ From them, the terms of the peak (derived by allocator_terms, a pure function):
                ends (the head's logits, a recompute); the step's: the highest level of the optimizer step's
                instructions (ReduceTiedGrads, ReduceGrads, OptimizerStep) above base and state, everything the
                step holds besides them (the optimizer's temporaries, ZeRO's reduction buckets, whenever made)
+  fixed buffers of the step transient: the most bytes ZeRO's reduction buckets held at once in the step
+               (held_state.reduction_buckets; beyond those alive at the start, which are base), read around each
+               instruction and just before ZeRO lets them go inside ReduceGrads (its _release_ipg_buffers): their
+               size is the optimizer's reduce_bucket_size, not the stage's parameters. The rest of the step
+               transient may be negative: ZeRO lets gradients go once it has copied them into a bucket
   predicted peak = base + state + max(in flight x kept + compute transient, step transient)
   measured peak  = the allocator's highest level in the iteration
 The report composes these with the layer table (partition/memory_model.py makes the prediction, for these parts
@@ -35,14 +40,14 @@ this too, as it carries the dispatch mode (the report's perturbation says how mu
 import contextlib
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.allocator_trace import AllocatorTrace, InstructionMemory, allocator_recorder
-from patches.profiler.held_state import HeldState, held_state
+from patches.profiler.held_state import HeldState, held_state, reduction_buckets
 from patches.profiler.kept_activations import KeptActivations
 
 # The instructions of the optimizer step; every other instruction is compute (or a message).
@@ -51,6 +56,8 @@ STEP_INSTRUCTIONS = ("ReduceTiedGrads", "ReduceGrads", "OptimizerStep")
 _INPUT_INSTRUCTIONS = ("LoadMicroBatch", "RecvActivation")
 # The instruction after which a micro-batch no longer holds its activations (zero-bubble: the input-gradient pass).
 _RELEASING_INSTRUCTIONS = ("BackwardPass", "BackwardOnlyPass")
+# ZeRO's method that lets its reduction buckets go (DeepSpeed 0.16 to 0.19), called inside ReduceGrads.
+_BUCKETS_RELEASE = "_release_ipg_buffers"
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class StageMemory:
     basis: Optional[str]  # how the allocator was read; None where it was not
     not_read: Optional[str] = None  # why the allocator was not read
     allocator: Optional[AllocatorTerms] = None
+    fixed_buffer_bytes: int = 0  # ZeRO's reduction buckets, the most the step held at once (none of the state)
 
     @property
     def state_bytes(self) -> int:
@@ -159,6 +167,9 @@ class MemoryMeasurement:
         self._before_step: Optional[HeldState] = None
         self._after_step: Optional[HeldState] = None
         self._optimizer_before_step = 0
+        self._instruction: Optional[str] = None  # the one running
+        self._step_buckets = 0  # the most reduction bucket bytes seen at once in the step
+        self._unwatch: Callable[[], None] = lambda: None
 
     @classmethod
     def started(cls, engine: DeepSpeedEngine, accelerator: DeepSpeedAccelerator,
@@ -170,11 +181,19 @@ class MemoryMeasurement:
     def start(self) -> None:
         self._at_start = held_state(self.module, self.optimizer)
         self.kept.attach()
+        self._unwatch = watch_release(self.optimizer, self._read_buckets)
         try:
             self.recorder.start(self._at_start.all)
         except BaseException:
             self.kept.remove()
+            self._unwatch()
             raise
+
+    def _read_buckets(self) -> None:
+        """The reduction buckets held now, where the step runs."""
+        if self._instruction in STEP_INSTRUCTIONS:
+            held = _on_device(reduction_buckets(self.optimizer), self.device_type)
+            self._step_buckets = max(self._step_buckets, held)
 
     @contextlib.contextmanager
     def instruction(self, name: str, buffer_id: Optional[int] = None) -> Iterator[None]:
@@ -183,8 +202,14 @@ class MemoryMeasurement:
         if name == "OptimizerStep":
             self._before_step = held_state(self.module, self.optimizer)
         loss = getattr(self.engine, "loss", None)
-        with self.recorder.instruction(name, buffer_id):
-            yield
+        self._instruction = name
+        self._read_buckets()
+        try:
+            with self.recorder.instruction(name, buffer_id):
+                yield
+            self._read_buckets()
+        finally:
+            self._instruction = None
         if name == "ForwardPass":  # what its graph keeps outside the layers: behind its outputs and its loss
             outputs = getattr(self.engine, "pipe_buffers", {}).get("outputs", [])
             roots = [outputs[buffer_id]] if buffer_id is not None and buffer_id < len(outputs) else []
@@ -197,6 +222,7 @@ class MemoryMeasurement:
     def stop(self) -> StageMemory:
         """Every hook off; what was measured."""
         self.kept.remove()
+        self._unwatch()
         trace = self.recorder.stop()
         before = self._before_step or held_state(self.module, self.optimizer)  # no step ran: as held now
         after = self._after_step or before
@@ -204,18 +230,42 @@ class MemoryMeasurement:
         state = before.param_bytes + before.grad_bytes + after.optimizer_bytes
         terms = None
         if trace is not None:
-            terms = allocator_terms(trace, _on_device(self._at_start.all(), self.device_type), state)
+            terms = allocator_terms(trace, _on_device(self._at_start.state(), self.device_type), state)
+        alive_at_start = _on_device(self._at_start.fixed, self.device_type)  # those are base
         return StageMemory(
             param_bytes=before.param_bytes, grad_bytes=before.grad_bytes, optimizer_bytes=after.optimizer_bytes,
             optimizer_created_bytes=max(0, after.optimizer_bytes - before.optimizer_bytes),
             layer_activation_bytes=kept.layers, layer_state_bytes=self._layer_state_bytes(state),
             layer_recompute_bytes=kept.recompute, outside_layers_activation_bytes=kept.outside_layers,
             micro_batches=kept.micro_batches, basis=trace.basis if trace is not None else None,
-            not_read=self.recorder.not_read, allocator=terms)
+            not_read=self.recorder.not_read, allocator=terms,
+            fixed_buffer_bytes=max(0, self._step_buckets - alive_at_start))
 
     def _layer_state_bytes(self, state: int) -> Dict[int, int]:
         """Each layer's share of the state, by its parameters on this rank."""
         return shares(state, layer_param_numels(self.module, self.layers or []))
+
+
+def watch_release(optimizer: object, before: Callable[[], None]) -> Callable[[], None]:
+    """before() each time `optimizer` (a ZeRO one) is about to let its reduction buckets go; returns what undoes
+    it. Nothing for an optimizer without that method."""
+    release = getattr(optimizer, _BUCKETS_RELEASE, None)
+    if not callable(release):
+        return lambda: None
+    had_own = _BUCKETS_RELEASE in vars(optimizer)
+
+    def watched(*args, **kwargs):
+        before()
+        return release(*args, **kwargs)
+
+    setattr(optimizer, _BUCKETS_RELEASE, watched)
+
+    def undo() -> None:
+        if had_own:
+            setattr(optimizer, _BUCKETS_RELEASE, release)
+        else:
+            delattr(optimizer, _BUCKETS_RELEASE)  # the class's method again
+    return undo
 
 
 def shares(total: int, weights: Dict[int, int]) -> Dict[int, int]:

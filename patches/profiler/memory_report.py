@@ -23,6 +23,7 @@ def stage_memory(entry: dict, iteration: int) -> Optional[dict]:
         "optimizer_bytes": measured["optimizer_bytes"],
         "state_bytes": measured["state_bytes"],
         "optimizer_created_bytes": measured["optimizer_created_bytes"],
+        "fixed_buffer_bytes": measured.get("fixed_buffer_bytes", 0),  # 0 in an entry from before it was measured
         "layer_activation_bytes": layer_activation,
         "micro_batches": measured["micro_batches"],
     }
@@ -31,7 +32,7 @@ def stage_memory(entry: dict, iteration: int) -> Optional[dict]:
         return dict(memory, **{field: None for field in _ALLOCATOR_FIELDS})
     position = PositionMemory(allocator["base_bytes"], allocator["kept_bytes_per_micro_batch"] - layer_activation,
                               allocator["in_flight_micro_batches"], allocator["compute_transient_bytes"],
-                              allocator["step_transient_bytes"], measured["state_bytes"])
+                              allocator["step_transient_bytes"], measured["state_bytes"], memory["fixed_buffer_bytes"])
     peak = stage_peak(measured["state_bytes"], layer_activation, position)
     return dict(memory,
                 start_bytes=allocator["start_bytes"],

@@ -285,6 +285,9 @@ def _memory(report):
             line("measured peak", f"{bytes_to_string(memory['measured_peak_bytes'])} (in "
                                   f"{memory['measured_peak_instruction'] or 'no instruction'})"),
         ]
+        if memory.get("fixed_buffer_bytes"):  # null or absent in a report from before it was measured
+            lines.append(line("of the step transient, fixed-size buffers (ZeRO's reduction buckets)",
+                              bytes_to_string(memory["fixed_buffer_bytes"])))
         if memory["optimizer_created_bytes"]:
             lines.append(line("optimizer state created in its step (a first step)",
                               bytes_to_string(memory["optimizer_created_bytes"])))
