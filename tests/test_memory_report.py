@@ -8,6 +8,7 @@ import pytest
 
 from patches.profiler.files import validate_report
 from patches.profiler.memory_report import per_gpu, stage_memory
+from patches.profiler.notes import FIRST_STEP_PEAKS
 from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
 from patches.profiler.stragglers import RankSample
@@ -58,6 +59,18 @@ def test_a_stage_whose_allocator_was_not_read_shows_its_state_and_layers(inputs)
     assert all(row["activation_bytes"] is not None for row in report["layers"])
     assert ("n/a: the allocator was not read (torch.profiler was already running in this process (one profiler at a "
             "time))") in format_report(report)
+
+
+def test_a_first_step_measured_says_its_peaks_part(inputs):
+    # stage 0's optimizer made its state in the measured step (a run profiled at 2 measures iteration 1): the
+    # printout says why its measured peak stands under the predicted one; stage 1's, whose state was there, does not
+    for entry in inputs["entries"]:
+        if entry["stage_id"] == 0:
+            entry["memory"] = dict(entry["memory"], optimizer_created_bytes=1234)
+    text = format_report(_report(inputs))
+    stage0, stage1 = text.split("stage 0 (rank ")[1].split("stage 1 (rank ")
+    assert "optimizer state created in its step (a first step):" in stage0 and FIRST_STEP_PEAKS in stage0
+    assert FIRST_STEP_PEAKS not in stage1
 
 
 def test_entries_without_memory_give_nulls(inputs):

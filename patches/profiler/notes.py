@@ -69,6 +69,11 @@ NOTES = {
                   "tp rank's) over all data-parallel replicas: min, median, max and the slowest replica's ranks",
 }
 
+# Under a stage's memory where the measured iteration was its optimizer's first step (optimizer_created_bytes > 0).
+FIRST_STEP_PEAKS = ("the measured peak is that first step's, whose forward and backward ran without the optimizer's "
+                    "state; the predicted one holds it throughout, as later iterations do: profile iteration 3 or "
+                    "later to measure a steady one")
+
 # Captions of the printer's tables.
 STAGE_TABLE_CAPTION = "Stages (one data-parallel replica; counts summed over tp ranks, times the largest over them):"
 LAYER_TABLE_CAPTION = ("Layers (the PipelineModule's, per iteration, on the stage that ran them; a plain function "

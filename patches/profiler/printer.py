@@ -3,6 +3,7 @@ from patches.partition.planner import plan_line
 from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.notes import (
+    FIRST_STEP_PEAKS,
     LAYER_TABLE_CAPTION,
     MEMORY_CAPTION,
     STAGE_TABLE_CAPTION,
@@ -288,9 +289,10 @@ def _memory(report):
         if memory.get("fixed_buffer_bytes"):  # null or absent in a report from before it was measured
             lines.append(line("of the step transient, fixed-size buffers (ZeRO's reduction buckets)",
                               bytes_to_string(memory["fixed_buffer_bytes"])))
-        if memory["optimizer_created_bytes"]:
-            lines.append(line("optimizer state created in its step (a first step)",
-                              bytes_to_string(memory["optimizer_created_bytes"])))
+        if memory["optimizer_created_bytes"]:  # the process's first step: the peaks part (docs/profiling.md)
+            lines += [line("optimizer state created in its step (a first step)",
+                           bytes_to_string(memory["optimizer_created_bytes"])),
+                      "    " + FIRST_STEP_PEAKS]
     basis = next(s["memory"]["basis"] for s in stages)
     if basis:
         lines.append(f"  allocator: {basis}")
