@@ -58,6 +58,6 @@ def pp2_tp2_plain_run(pp2_tp2_run_dir):
     # Saving reads the generators and changes nothing; the upstream-format resume test loads iteration 10.
     saving = ["--save", pp2_tp2_run_dir / "ckpt", "--save-interval", "10"]
     process, losses = launch.run_pretrain(pp2_tp2_run_dir, 4, PP2_TP2_CKPT + saving + UPSTREAM_WORKERS,
-                                          name="plain")
+                                          name="plain", via=launch.TORCHRUN)
     assert process.returncode == 0, launch.explain(process)
     return process, losses

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from patches.profiler.printer import HEADER
-from tests.helpers.launch import REPO, explain, launch
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 
 pytestmark = pytest.mark.launch
 
@@ -27,7 +27,7 @@ def runs(tmp_path_factory):
     results = {}
     for mode in ("stock", "patched"):
         out = tmp_path_factory.mktemp(mode)
-        process = launch(SCRIPT, NPROCS, [out, mode] + LAUNCHED, cwd=out)
+        process = launch(SCRIPT, NPROCS, [out, mode] + LAUNCHED, cwd=out, via=TORCHRUN)
         assert process.returncode == 0, explain(process)
         results[mode] = out
     return results
@@ -83,7 +83,7 @@ def test_conv_pipeline_matches_flop_counter_mode_two_stages(runs):
 
 
 def test_conv_pipeline_matches_flop_counter_mode_four_stages(tmp_path):
-    process = launch(SCRIPT, 4, [tmp_path, "patched", "pipe_conv"], cwd=tmp_path)
+    process = launch(SCRIPT, 4, [tmp_path, "patched", "pipe_conv"], cwd=tmp_path, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     numbers = [json.loads((tmp_path / f"pipe_conv.rank{rank}.json").read_text())["profiler"] for rank in range(4)]
     assert all(n == numbers[0] for n in numbers)

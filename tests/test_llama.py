@@ -12,7 +12,7 @@ from megatron.model.gpt_model import transformer_layers_per_stage
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.flags import layout
-from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 from tests.helpers.tiny_llama import LLAMA_FLAGS, TINY_LLAMA, check_totals, expected_flops
 from tests.helpers.tiny_llama import dense_params as llama_params
 
@@ -168,7 +168,7 @@ def _run(tmp_path_factory, name):
         flags = LLAMA_FLAGS + ["--train-iters", str(ITERATIONS), "--global-batch-size", "8"] + flags
         if nprocs > 1:
             flags += ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output", tmp / "profile"]
-        process, losses = run_pretrain(tmp, nprocs, flags, name=name)
+        process, losses = run_pretrain(tmp, nprocs, flags, name=name, via=TORCHRUN)
         assert process.returncode == 0, explain(process)
         report_path = tmp / "profile" / f"flops_profile_step{PROFILE_STEP}.json"
         report = json.loads(report_path.read_text()) if nprocs > 1 else None

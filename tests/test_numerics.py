@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.helpers.flags import TINY_GPT, layout
-from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 
 pytestmark = pytest.mark.launch
 
@@ -28,7 +28,8 @@ def bf16_runs(tmp_path_factory):
     runs = {}
     for name, extra in (("plain", []), ("profiled", ["--profile-flops-step", str(PROFILE_STEP)])):
         tmp = tmp_path_factory.mktemp(f"bf16_{name}")
-        process, losses = run_pretrain(tmp, 4, FLAGS + ["--bf16", "--profile-flops-output", tmp] + extra, name=name)
+        process, losses = run_pretrain(tmp, 4, FLAGS + ["--bf16", "--profile-flops-output", tmp] + extra, name=name,
+                                               via=TORCHRUN)
         assert process.returncode == 0, explain(process)
         runs[name] = (tmp, process, losses)
     return runs

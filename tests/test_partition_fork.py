@@ -16,7 +16,7 @@ from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.planner import parse_size, plan_line, plan_of
 from patches.profiler.units import bytes_to_string
 from tests.helpers.flags import PP2
-from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 from tests.helpers.profiled_runs import MEMORY_LIMIT, PROFILE_STEP, profiled_run
 
 SPECS = ["EmbeddingPipe"] + ["ParallelTransformerLayerPipe"] * 4 + ["LayerNorm", "EmbeddingPipe"]
@@ -119,7 +119,7 @@ def test_a_checkpoint_of_other_parts_resumes_with_no_load_optim(saved):
         "the optimizer state is saved per stage and cannot. Resume without it: --no-load-optim (Megatron), or "
         "engine.load_checkpoint(..., load_optimizer_states=False) (DeepSpeed)"]
 
-    process, losses = run_pretrain(tmp, 2, common + ["--no-load-optim"], name="moved")
+    process, losses = run_pretrain(tmp, 2, common + ["--no-load-optim"], name="moved", via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     assert process.stdout.count(f"> partition_method 'profile' ({plan}): parts {FIRST_LAYER_ALONE}") == 1
     resumed = (f"> checkpoint global_step2: saved with pipeline parts {BY_PARAMETERS}, loaded with parts "

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from patches.errors import EXIT_BAD_INPUT
-from tests.helpers.launch import REPO, explain, launch
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 
 SCRIPT = REPO / "tests" / "scripts" / "profile_partition.py"
 UNIFORM = [0, 4, 7]
@@ -34,7 +34,7 @@ def run(out, mode, env=None, via_patches_launch=False):
     args = [SCRIPT, mode, out, out / "ds.json"]
     if via_patches_launch:
         return launch("patches.launch", 2, args, cwd=out, env=env, launcher_args=("--module",), timeout=240)
-    return launch(SCRIPT, 2, args[1:], cwd=out, env=env, timeout=240)
+    return launch(SCRIPT, 2, args[1:], cwd=out, env=env, timeout=240, via=TORCHRUN)
 
 
 def result(out, mode):

@@ -6,7 +6,7 @@ import torch
 
 from megatron.core.enums import ModelType
 from tests.helpers.flags import PP2_TP2_CKPT, SCHEDULE, layout
-from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 from tests.helpers.upstream_checkpoint import write_upstream_checkpoint
 
 pytestmark = pytest.mark.launch
@@ -20,7 +20,7 @@ def pp2_tp1_straight(tmp_path_factory):
     """10 uninterrupted pp2 x tp1 iterations, saving at 5 and 10: a layout run and the resume reference."""
     tmp = tmp_path_factory.mktemp("pp2_tp1")
     flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--save", tmp / "ckpt", "--save-interval", "5"]
-    process, losses = run_pretrain(tmp, 2, flags, name="straight")
+    process, losses = run_pretrain(tmp, 2, flags, name="straight", via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     return tmp / "ckpt", losses
 
@@ -32,7 +32,8 @@ def layout_losses(tmp_path_factory, pp2_tp1_straight, pp2_tp2_plain_run):
     losses = {"pp2_tp1": pp2_tp1_straight[1], "pp2_tp2": pp2_tp2_plain_run[1]}
     for name, nprocs, flags in (("pp1_tp1", 1, PP1_TP1), ("pp1_tp2", 2, PP1_TP2)):
         tmp = tmp_path_factory.mktemp(name)
-        process, losses[name] = run_pretrain(tmp, nprocs, flags + SCHEDULE + ["--train-iters", "5"], name=name)
+        process, losses[name] = run_pretrain(tmp, nprocs, flags + SCHEDULE + ["--train-iters", "5"], name=name,
+                                             via=TORCHRUN)
         assert process.returncode == 0, explain(process)
     return losses
 
@@ -103,7 +104,7 @@ def test_upstream_written_checkpoint_resumes_with_no_flag(tmp_path, pp2_tp1_stra
     checkpoints, straight_losses = pp2_tp1_straight
     write_upstream_checkpoint(checkpoints, tmp_path / "upstream_ckpt", 5)
     flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", tmp_path / "upstream_ckpt"]
-    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="from_upstream")
+    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="from_upstream", via=TORCHRUN)
     assert resumed.returncode == 0, explain(resumed)
     assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
 
@@ -115,7 +116,7 @@ def tp2_pp2_resumed_partitioned(tmp_path_factory, pp2_tp2_run_dir, pp2_tp2_plain
     tmp = tmp_path_factory.mktemp("tp2_pp2_resumed")
     write_upstream_checkpoint(pp2_tp2_run_dir / "ckpt", tmp / "upstream_ckpt", 10)
     flags = PP2_TP2_CKPT + ["--load", tmp / "upstream_ckpt", "--partition-activations"]
-    process, losses = run_pretrain(tmp, 4, flags, name="from_upstream")
+    process, losses = run_pretrain(tmp, 4, flags, name="from_upstream", via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     return process, losses
 
@@ -143,7 +144,7 @@ def test_load_tag_resumes_the_named_checkpoint(tmp_path, pp2_tp1_straight):
     test, from upstream's format in the two upstream-written tests above.)"""
     checkpoints, straight_losses = pp2_tp1_straight
     flags = PP2_TP1 + SCHEDULE + ["--train-iters", "10", "--load", checkpoints, "--load-tag", "global_step5"]
-    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="tagged")
+    resumed, resumed_losses = run_pretrain(tmp_path, 2, flags, name="tagged", via=TORCHRUN)
     assert resumed.returncode == 0, explain(resumed)
     assert resumed_losses == {i: straight_losses[i] for i in range(6, 11)}
 
@@ -154,7 +155,7 @@ def finetuned(tmp_path_factory, pp2_tp1_straight):
     checkpoints, _ = pp2_tp1_straight
     tmp = tmp_path_factory.mktemp("finetune")
     flags = PP2_TP1 + SCHEDULE + ["--train-iters", "2", "--load", checkpoints, "--finetune", "--log-num-zeros-in-grad"]
-    process, losses = run_pretrain(tmp, 2, flags, name="finetune")
+    process, losses = run_pretrain(tmp, 2, flags, name="finetune", via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     return process, losses
 

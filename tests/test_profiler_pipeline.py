@@ -15,7 +15,7 @@ from patches.profiler.printer import (
 )
 from tests.helpers.flags import PP2, PP2_TP2_CKPT, TINY_GPT, layout
 from tests.helpers.golden import assert_report_as_golden, assert_text_as_golden
-from tests.helpers.launch import REPO, explain, launch, run_pretrain
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch, run_pretrain
 from tests.helpers.tiny_gpt import dense_params, expected_flops
 
 pytestmark = pytest.mark.launch
@@ -34,7 +34,7 @@ def profiled(profiled_directory):
     flags = PP2_TP2_CKPT + ["--profile-flops-step", "3", "--profile-flops-output", tmp / "profile"]
     (tmp / "torch_memory").mkdir()
     process, losses = run_pretrain(tmp, 4, flags, name="profiled",
-                                   env={TRACE_DIRECTORY_VARIABLE: str(tmp / "torch_memory")})
+                                   env={TRACE_DIRECTORY_VARIABLE: str(tmp / "torch_memory")}, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     report = json.loads((tmp / "profile" / "flops_profile_step3.json").read_text())
     return process, losses, report
@@ -206,7 +206,7 @@ def test_no_recompute_without_checkpointing_and_the_flag_wins_over_the_config(tm
     config.write_text(json.dumps({"flops_profiler": {"enabled": True, "profile_step": 1}}))
     flags = PP2 + ["--train-iters", "2", "--profile-flops-step", "1", "--profile-flops-output", tmp_path,
                        "--deepspeed", "--deepspeed_config", config]
-    process, _ = run_pretrain(tmp_path, 2, flags)
+    process, _ = run_pretrain(tmp_path, 2, flags, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1 and "Profile Summary at step 1:" in output
@@ -229,7 +229,7 @@ def test_plain_deepspeed_engine_gets_the_same_report(tmp_path, counting, counted
     flags = ["--no-pipeline-parallel"] + layout(tp=2) + ["--global-batch-size", "8",
              "--train-iters", "2", "--profile-flops-step", "2", "--profile-flops-output", tmp_path,
              "--profile-flops-counting", counting]
-    process, _ = run_pretrain(tmp_path, 2, flags)
+    process, _ = run_pretrain(tmp_path, 2, flags, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     assert (process.stdout + process.stderr).count(HEADER) == 1
     report = json.loads((tmp_path / "flops_profile_step2.json").read_text())
@@ -252,7 +252,7 @@ def test_config_section_on_a_plain_pipeline_module(tmp_path):
                                  "detailed": True}}
     config_path = tmp_path / "ds_config.json"
     config_path.write_text(json.dumps(config))
-    process = launch(REPO / "tests" / "scripts" / "plain_pipeline.py", 3, [config_path], cwd=tmp_path)
+    process = launch(REPO / "tests" / "scripts" / "plain_pipeline.py", 3, [config_path], cwd=tmp_path, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     output = process.stdout + process.stderr
     assert output.count(HEADER) == 1
@@ -280,7 +280,7 @@ def test_config_section_on_a_plain_deepspeed_engine(tmp_path):
                                  "output_file": str(report_file)}}
     config_path = tmp_path / "ds_config.json"
     config_path.write_text(json.dumps(config))
-    process = launch(REPO / "tests" / "scripts" / "plain_engine.py", 2, [config_path], cwd=tmp_path)
+    process = launch(REPO / "tests" / "scripts" / "plain_engine.py", 2, [config_path], cwd=tmp_path, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     text = report_file.read_text()
     assert text.count(HEADER) == 1 and "Profile Summary at step 1:" in text
@@ -301,7 +301,8 @@ def test_shapes_that_change_unforeseen_are_counted_in_the_iteration_reported(tmp
               "flops_profiler": {"enabled": True, "profile_step": 2, "detailed": False}}
     config_path = tmp_path / "ds_config.json"
     config_path.write_text(json.dumps(config))
-    process = launch(REPO / "tests" / "scripts" / "growing_sequence.py", 2, [tmp_path, config_path], cwd=tmp_path)
+    process = launch(REPO / "tests" / "scripts" / "growing_sequence.py", 2, [tmp_path, config_path], cwd=tmp_path,
+                     via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     output = process.stdout + process.stderr
     result = json.loads((tmp_path / "result.json").read_text())

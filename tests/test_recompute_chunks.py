@@ -29,7 +29,7 @@ from patches.profiler.analytic_flops import (
 )
 from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT, layout
-from tests.helpers.launch import REPO, explain, launch
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 from tests.helpers.tiny_gpt import expected_flops
 
 LAYERS, MICRO_BATCHES, SEQUENCES = 4, 4, 8  # global batch 8 of micro-batches of 2
@@ -113,7 +113,8 @@ def _run(name, tmp_path_factory):
     if name not in _runs:
         tmp = tmp_path_factory.mktemp(name)
         flags = TINY_GPT + _flags(name) + ["--profile-flops-step", "1", "--profile-flops-output", tmp]
-        process = launch(REPO / "tests" / "scripts" / "count_recomputed_layers.py", RUNS[name][0], flags, cwd=tmp)
+        process = launch(REPO / "tests" / "scripts" / "count_recomputed_layers.py", RUNS[name][0], flags, cwd=tmp,
+                         via=TORCHRUN)
         assert process.returncode == 0, explain(process)
         output = process.stdout + process.stderr
         calls = {}

@@ -6,7 +6,7 @@ import pytest
 
 from patches.profiler.printer import HEADER
 from tests.helpers.flags import TINY_GPT, layout
-from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 from tests.helpers.multinode import PROFILE_STEP, two_node_profile
 from tests.helpers.tiny_gpt import (
     HIDDEN,
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.launch
 def profile(tmp_path, nprocs, flags, step=1, timeout=300):
     """Run the tiny GPT with `flags` (later flags win), profile iteration `step`; returns (process, report)."""
     flags = TINY_GPT + flags + ["--profile-flops-step", str(step), "--profile-flops-output", tmp_path / "profile"]
-    process, _ = run_pretrain(tmp_path, nprocs, flags, timeout=timeout)
+    process, _ = run_pretrain(tmp_path, nprocs, flags, timeout=timeout, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     assert (process.stdout + process.stderr).count(HEADER) == 1
     return process, json.loads((tmp_path / "profile" / f"flops_profile_step{step}.json").read_text())

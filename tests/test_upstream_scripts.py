@@ -10,12 +10,8 @@ The script's fp16 needs a float16-capable accelerator; on a CPU without one, the
 --fp16 becomes --bf16 and the config's fp16 section a bf16 one), which the FLOPs do not depend on.
 """
 import json
-import os
 import re
-import subprocess
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 from deepspeed.accelerator import get_accelerator
@@ -33,7 +29,7 @@ from tests.helpers.corpus import (
     preprocess_with_sentencepiece,
     train_sentencepiece,
 )
-from tests.helpers.launch import REPO, explain, free_port, launch, remove_shm_buffers
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 from tests.helpers.upstream_scripts import (
     GPT_125M,
     GPT_125M_ITERATIONS,
@@ -65,18 +61,6 @@ def script_args(tmp, corpus):
                          tmp / "tensorboard", precision=PRECISION)
 
 
-def torchrun(script, nprocs, script_args, cwd, timeout=300):
-    """`torchrun --nproc_per_node N script args` on CPU; removes DeepSpeed's /dev/shm buffers after."""
-    port = free_port()
-    command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", str(nprocs), "--master_port",
-               str(port), str(script)] + script_args
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    try:
-        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    finally:
-        remove_shm_buffers(port)
-
-
 @pytest.fixture(scope="module", params=["deepspeed", "torchrun"])
 def run(request, tmp_path_factory, corpus):
     """(output, args as the ranks parsed them, tmp) of the script's run under one launcher."""
@@ -84,10 +68,7 @@ def run(request, tmp_path_factory, corpus):
     argv = script_args(tmp, corpus) + ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output",
                                        str(tmp / "profile")]
     args = parsed(argv)  # before the run: afterwards its checkpoint is in --load
-    if request.param == "deepspeed":
-        process = launch(REPO / "pretrain_gpt.py", NPROCS, argv, cwd=tmp, timeout=400)
-    else:
-        process = torchrun(REPO / "pretrain_gpt.py", NPROCS, argv, cwd=tmp, timeout=400)
+    process = launch(REPO / "pretrain_gpt.py", NPROCS, argv, cwd=tmp, timeout=400, via=request.param)
     assert process.returncode == 0, explain(process)
     return process.stdout + process.stderr, args, tmp
 
@@ -190,7 +171,7 @@ def test_llama2_script_trains_and_profiles_exactly(tmp_path, sentencepiece_corpu
     nprocs = LLAMA2["TP"] * LLAMA2["PP"]
     args = parse_args(argv, world_size=nprocs)
     args.padded_vocab_size = vocab_size_with_padding(500, Namespace(**{**vars(args), "rank": 1}))
-    process = torchrun(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400)
+    process = launch(REPO / "pretrain_gpt.py", nprocs, argv, cwd=tmp_path, timeout=400, via=TORCHRUN)
     output = process.stdout + process.stderr
     assert process.returncode == 0, explain(process)
     assert output.count(HEADER) == 1 and "Traceback" not in output

@@ -12,7 +12,7 @@ from patches.profiler.report import aggregate_by_depth
 from patches.profiler.store_exchange import MIN_WAIT_S
 from tests.helpers.flags import PP2_TP2, TINY_GPT
 from tests.helpers.golden import assert_report_as_golden, assert_text_as_golden
-from tests.helpers.launch import REPO, explain, launch
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 from tests.helpers.tiny_gpt import check_totals
 
 SCRIPT = REPO / "tests" / "scripts" / "user_flops_profiler.py"
@@ -26,7 +26,7 @@ def run(out, modes, config=PIPELINE_CONFIG):
     {mode: [each rank's facts]})."""
     config_path = out / "ds.json"
     config_path.write_text(json.dumps(config))
-    process = launch(SCRIPT, 2, ["+".join(modes), out, config_path], cwd=out, timeout=240)
+    process = launch(SCRIPT, 2, ["+".join(modes), out, config_path], cwd=out, timeout=240, via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     return process, {mode: [json.loads((out / f"{mode}.rank{r}.json").read_text()) for r in range(2)]
                      for mode in modes}

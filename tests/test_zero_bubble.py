@@ -14,7 +14,7 @@ from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.printer import HEADER
 from patches.profiler.report import build_report
 from tests.helpers.contexts import report_context
-from tests.helpers.launch import REPO, explain, launch
+from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 from tests.helpers.schedules import schedule_entries
 
 SCRIPT = REPO / "tests" / "scripts" / "zero_bubble_pipeline.py"
@@ -33,7 +33,8 @@ def runs(tmp_path_factory):
                                                               "output_file": str(out / f"{mode}.txt")}}
         (out / f"{mode}_ds.json").write_text(json.dumps(config))
     env = {"PYTHONPATH": os.pathsep.join((str(TREE), str(REPO)))}
-    process = launch(SCRIPT, 2, ["+".join(modes), out, out / "{mode}_ds.json"], cwd=out, env=env, timeout=240)
+    process = launch(SCRIPT, 2, ["+".join(modes), out, out / "{mode}_ds.json"], cwd=out, env=env, timeout=240,
+                     via=TORCHRUN)
     assert process.returncode == 0, explain(process)
     results = {}
     for mode in modes:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers.flags import PP2, layout
-from tests.helpers.launch import explain, run_pretrain
+from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 
 PROFILE_STEP = 2
 PEAK_TFLOPS = 0.5  # a made-up device peak, so that the report has an MFU on CPU
@@ -55,7 +55,7 @@ def profiled_run(tmp_path_factory, name):
         flags = [flag.format(dir=tmp) for flag in flags]
         flags += ["--profile-flops-step", str(PROFILE_STEP), "--profile-flops-output", tmp / "profile",
                   "--tensorboard-dir", tmp / "tensorboard"]
-        process, losses = run_pretrain(tmp, nprocs, flags, name=name)
+        process, losses = run_pretrain(tmp, nprocs, flags, name=name, via=TORCHRUN)
         assert process.returncode == 0, explain(process)
         _runs[name] = ProfiledRun(output=process.stdout + process.stderr,
                                   report_path=tmp / "profile" / f"flops_profile_step{PROFILE_STEP}.json",
