@@ -1,27 +1,44 @@
 """Shared fixtures, and the `launch` marker's guard (tests/helpers/launch.py): a test that starts
 processes must carry the marker, so that `-m "not launch"` is the fast in-process tier. Each launching test
 gets a torch extensions directory of its own (tests/helpers/torch_extensions.py)."""
+import functools
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import launch, profiled_runs, torch_extensions
+from tests.helpers import launch, torch_extensions
 from tests.helpers.flags import PP2_TP2_CKPT, UPSTREAM_WORKERS
 
 _extension_copies = []  # the parent of this session's per-test torch extensions directories, removed at its end
 _environment = pytest.MonkeyPatch()  # the variable a launching test gets, undone after it
 
 
-def pytest_collection_modifyitems(items):
-    """Groups for pytest-xdist's `--dist loadgroup` (tools/run_tests.sh): a group runs on one worker. A file is
-    one group, since its tests share its module-scoped launches; the files that read the runs of
-    tests/helpers/profiled_runs.py are one group, so that each of those runs is launched once."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            shares_runs = profiled_runs.profiled_run in vars(item.module).values()
-            item.add_marker(pytest.mark.xdist_group("profiled_runs" if shares_runs else item.path.name))
+@functools.lru_cache(maxsize=None)
+def group_of(path: str) -> str:
+    """A test file's group (tools/run_tests.sh runs a group on one worker): the file itself, since its tests share its
+    module-scoped launches; the files that import tests/helpers/profiled_runs.py's runs are one group, so that each
+    of those runs is launched once."""
+    source = (Path(__file__).resolve().parents[1] / path).read_text()
+    return "profiled_runs" if _SHARES_RUNS.search(source) else path
+
+
+_SHARES_RUNS = re.compile(r"^from tests\.helpers\.profiled_runs import .*\bprofiled_run\b", re.MULTILINE)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduling by scope, with group_of's scopes. (Its `--dist loadgroup` reads xdist_group markers
+    into node ids in a way pytest 9 no longer sees: each file's tests were split over the workers, and every
+    worker launched the module's runs.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid.split("::", 1)[0])
+
+    return ByGroup(config, log)
 
 
 def pytest_runtest_setup(item):
