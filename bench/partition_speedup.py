@@ -118,8 +118,9 @@ def upstream_target(checkout, python, shape, work):
              "--deepspeed", "--deepspeed_config", ds_config, "--no-gradient-accumulation-fusion", "--min-lr", 1e-5,
              "--lr-decay-style", "constant", "--eval-interval", 1000]
     # upstream's CPU gaps, filled for its test tier; its JIT-built CPU op gets a cache of its own DeepSpeed
+    # ($UPSTREAM_TORCH_EXTENSIONS_DIR to keep it between runs: the build takes minutes on 2 cores)
     env = {"PYTHONPATH": str(REPO / "tests" / "upstream_shim"),
-           "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions")}
+           "TORCH_EXTENSIONS_DIR": os.environ.get("UPSTREAM_TORCH_EXTENSIONS_DIR", str(work / "torch_extensions"))}
     methods = {DEFAULT_NAME: []}  # GPTModelPipe's hard-coded type:transformer
     version = subprocess.run([python, "-c", "import deepspeed; print(deepspeed.__version__)"], capture_output=True,
                              text=True, check=True).stdout.split()[-1]
