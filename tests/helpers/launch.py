@@ -12,6 +12,7 @@ processes without the marker fails at once instead of slowing the fast tier down
 import importlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -36,10 +37,25 @@ def _require_launch_marker():
 
 
 def free_port():
+    """A port for a launch's rendezvous, free now and below the kernel's ephemeral range: a port the kernel handed
+    out (bind to 0) is also what it gives the next outgoing connection, and a concurrent launch's connection took
+    one before torchrun listened on it (EADDRINUSE)."""
     _require_launch_marker()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except OSError:  # not Linux: IANA's ephemeral range starts at 49152
+        ephemeral_low = 49152
+    for port in random.sample(range(_LOWEST_PORT, ephemeral_low), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found between {_LOWEST_PORT} and {ephemeral_low}")
+
+
+_LOWEST_PORT = 20000  # above the registered services tests might meet
 
 
 def deepspeed_launcher():
