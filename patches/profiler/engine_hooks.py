@@ -22,6 +22,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.profiler.instructions import BACKWARD_OUTSIDE_AUTOGRAD
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleProfiler
+from patches.profiler.shadowing import shadow
 
 Result = TypeVar("Result")
 
@@ -159,16 +160,6 @@ class EngineHooks:
                 self._undo.append(functools.partial(funcs.__setitem__, index, func))
 
     def _shadow(self, name: str, replacement: Any) -> None:
-        """Set an attribute on this engine instance only; undoing puts back what the instance had."""
-        engine = self.engine
-        had_instance_attr = name in engine.__dict__
-        previous = engine.__dict__.get(name)
-        setattr(engine, name, replacement)
-
-        def undo():
-            if had_instance_attr:
-                setattr(engine, name, previous)
-            else:
-                delattr(engine, name)
-        self._undo.append(undo)
+        """Set an attribute on this engine instance only, undone by remove()."""
+        self._undo.append(shadow(self.engine, name, replacement))
 

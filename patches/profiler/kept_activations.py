@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import torch
 
 from patches.profiler.held_state import storage_key
+from patches.profiler.shadowing import shadow
 
 _graph_task_id = torch._C._current_graph_task_id
 _RAW_SAVED_PREFIX = "_raw_saved_"
@@ -77,9 +78,7 @@ class KeptActivations:
             self._undo.append(functools.partial(funcs.__setitem__, position, func))
         checkpoint = getattr(module, "activation_checkpoint_func", None)
         if checkpoint is not None:
-            had_own = "activation_checkpoint_func" in vars(module)
-            module.activation_checkpoint_func = self._chunk_proxy(checkpoint)
-            self._undo.append(functools.partial(_restore, module, "activation_checkpoint_func", checkpoint, had_own))
+            self._undo.append(shadow(module, "activation_checkpoint_func", self._chunk_proxy(checkpoint)))
 
     def remove(self) -> None:
         for undo in reversed(self._undo):
@@ -232,9 +231,3 @@ def _tensors(values: Sequence[Any]) -> List[torch.Tensor]:
             found += _tensors(value)
     return found
 
-
-def _restore(owner: object, name: str, value: object, had_own: bool) -> None:
-    if had_own:
-        setattr(owner, name, value)
-    else:
-        delattr(owner, name)

@@ -49,6 +49,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.profiler.allocator_trace import AllocatorTrace, InstructionMemory, allocator_recorder
 from patches.profiler.held_state import HeldState, held_state, reduction_buckets
 from patches.profiler.kept_activations import KeptActivations
+from patches.profiler.shadowing import shadow
 
 # The instructions of the optimizer step; every other instruction is compute (or a message).
 STEP_INSTRUCTIONS = ("ReduceTiedGrads", "ReduceGrads", "OptimizerStep")
@@ -252,20 +253,12 @@ def watch_release(optimizer: object, before: Callable[[], None]) -> Callable[[],
     release = getattr(optimizer, _BUCKETS_RELEASE, None)
     if not callable(release):
         return lambda: None
-    had_own = _BUCKETS_RELEASE in vars(optimizer)
 
     def watched(*args, **kwargs):
         before()
         return release(*args, **kwargs)
 
-    setattr(optimizer, _BUCKETS_RELEASE, watched)
-
-    def undo() -> None:
-        if had_own:
-            setattr(optimizer, _BUCKETS_RELEASE, release)
-        else:
-            delattr(optimizer, _BUCKETS_RELEASE)  # the class's method again
-    return undo
+    return shadow(optimizer, _BUCKETS_RELEASE, watched)
 
 
 def shares(total: int, weights: Dict[int, int]) -> Dict[int, int]:
