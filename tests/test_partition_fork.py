@@ -13,7 +13,7 @@ import pytest
 
 from patches.errors import EXIT_BAD_INPUT
 from patches.partition.memory_model import memory_terms_of, predict_peaks
-from patches.partition.planner import parse_size, plan_line, plan_of
+from patches.partition.planner import no_fit_line, parse_size, plan_line, plan_of
 from patches.profiler.units import bytes_to_string
 from tests.helpers.flags import PP2
 from tests.helpers.launch import TORCHRUN, explain, run_pretrain
@@ -146,3 +146,24 @@ def test_zero_on_a_stage_with_fewer_optimizer_groups_is_refused_not_hung(saved):
         "optimizer parameter groups (stage 0 2, stage 1 1; DeepSpeed drops an empty group, and ZeRO all-reduces "
         "each group's gradient norm across the stages). Cut the layers so that every stage has parameters of "
         "every group (e.g. not an embedding or an LM head alone), or run without ZeRO"}, explain(process)
+
+
+@pytest.mark.launch
+def test_a_limit_no_partition_fits_warns_once_and_training_goes_on(saved):
+    """--pp-partition-memory-limit under the least peak any partition of the report reaches: global rank 0 warns in
+    one line by how much the closest partition exceeds it, the run cuts the layers there and trains on (exit 0)."""
+    tmp, report, _ = saved
+    path = tmp / "as_ran.json"
+    path.write_text(json.dumps(report))
+    least = min(max(plan_of(report, cut_at=[0, cut, 7])["predicted_peak_bytes"]) for cut in range(1, 7))
+    closest = plan_of(report, limit=least - 1000, source="flag")
+    assert closest["memory_fits"] is False and closest["memory_excess_bytes"] == 1000
+    process, losses = run_pretrain(tmp, 2, PP2 + ["--train-iters", "1", "--pp-partition-from-profile", path,
+                                                  "--pp-partition-memory-limit", str(least - 1000)],
+                                   name="no_fit", via=TORCHRUN)
+    assert process.returncode == 0, explain(process)
+    assert process.stdout.count(f"> partition_method 'profile' ({path}): parts {closest['parts']}") == 1
+    warnings = [line for line in process.stdout.splitlines() if line.startswith("warning: partition_method")]
+    assert warnings == [f"warning: partition_method 'profile' ({path}): {no_fit_line(closest)}; training goes on "
+                        "with them"], explain(process)
+    assert sorted(losses) == [1]
