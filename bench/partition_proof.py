@@ -25,6 +25,7 @@ UPSTREAM_QUICK under --quick). Errors are predicted / measured - 1; one over 10%
 and listed at the end. The tables are markdown, for docs/benchmarks.md.
 """
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -306,6 +307,8 @@ def parse():
     parser.add_argument("--upstream", metavar="DIR", help="an upstream Megatron-DeepSpeed checkout to run too")
     parser.add_argument("--upstream-python", metavar="PY", default=sys.executable,
                         help="the interpreter of the environment upstream runs in (default: this one)")
+    parser.add_argument("--keep", metavar="DIR", type=Path,
+                        help="run in DIR and keep every launch's reports and logs there (default: a temporary one)")
     args = parser.parse_args()
     if args.no_fork and not args.upstream:
         parser.error("--no-fork leaves nothing to run without --upstream")
@@ -351,7 +354,8 @@ def main():
     print(machine(), flush=True)
     start = time.perf_counter()
     rows, limit = {}, None
-    with tempfile.TemporaryDirectory(prefix="partition_proof_") as work:
+    with (contextlib.nullcontext(str(args.keep)) if args.keep
+          else tempfile.TemporaryDirectory(prefix="partition_proof_")) as work:
         if not args.limit_only:
             rows, fork_defaults = prove_all(args, settings, Path(work))
         if not args.no_limit:
