@@ -10,6 +10,7 @@ from patches.profiler.allocator_trace import TRACE_DIRECTORY_VARIABLE, UNSEEN_FR
 from patches.profiler.analytic_flops import upstream_flops_per_iteration
 from patches.profiler.files import validate_report
 from patches.profiler.printer import (
+    GC_LABEL,
     HEADER,
     number_to_string,
 )
@@ -97,6 +98,12 @@ def test_report_as_before(profiled):
     process, _, report = profiled
     assert_report_as_golden("fork", report)
     assert_text_as_golden("fork", process.stdout + process.stderr)
+    # the garbage collector's pauses, which the golden run did not measure: every stage's, and their line
+    for stage in report["stages"]:
+        gc = stage["gc"]
+        assert gc["collections"] >= gc["generation_2"] and 0 <= gc["in_compute_s"] <= gc["pause_s"], gc
+        assert (gc["longest_s"] > 0) == (gc["collections"] > 0) and gc["longest_s"] <= gc["pause_s"], gc
+    assert sum(GC_LABEL in line for line in process.stdout.splitlines()) == 1
 
 
 def test_flops_are_counted_in_the_iteration_before(profiled):

@@ -55,10 +55,15 @@ def shared_on_one_stage(layers: List[dict]) -> List[List[int]]:
 
 def stage_overheads(stages: List[dict], layers: List[dict]) -> List[float]:
     """Each stage's forward and backward instruction time that none of its layers accounts for (the loss, the
-    stage module's own work, function layers), at least 0."""
-    return [max(0.0, stage["fwd_latency_s"] + stage["bwd_latency_s"] - sum(layer_seconds(row) for row in layers
-                                                                             if row["stage"] == stage["stage_id"]))
+    stage module's own work, function layers), at least 0; the garbage collector's pauses inside those
+    instructions are no one's work (the layers' times leave them out too)."""
+    return [max(0.0, stage["fwd_latency_s"] + stage["bwd_latency_s"] - _paused_in_compute(stage)
+                - sum(layer_seconds(row) for row in layers if row["stage"] == stage["stage_id"]))
             for stage in stages]
+
+
+def _paused_in_compute(stage: dict) -> float:
+    return (stage.get("gc") or {}).get("in_compute_s", 0.0)  # none in a report from before it was measured
 
 
 def layer_seconds(row: dict) -> float:

@@ -14,11 +14,12 @@ import contextlib
 import functools
 import time
 from collections import defaultdict
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 import deepspeed.runtime.pipe.schedule as ds_schedule
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.profiler.gc_pauses import GcPauses
 from patches.profiler.instructions import BACKWARD_OUTSIDE_AUTOGRAD
 from patches.profiler.layout import EngineLayout
 from patches.profiler.module_profiler import ModuleProfiler
@@ -37,11 +38,14 @@ def synchronized_clock(synchronize: Callable[[], None]) -> float:
 
 
 class InstructionTimer:
-    """Device-synchronized totals, counts and events of the instructions it wraps."""
+    """Device-synchronized totals, counts and events of the instructions it wraps, and the garbage collector's
+    pauses inside each (`pauses`: the module profiler's, gc_pauses.py)."""
 
-    def __init__(self, synchronize: Callable[[], None]):
+    def __init__(self, synchronize: Callable[[], None], pauses: Optional[GcPauses] = None):
         self.synchronize = synchronize
+        self.pauses = pauses or GcPauses()  # one not watching pauses nothing
         self.totals: Dict[str, float] = defaultdict(float)
+        self.paused: Dict[str, float] = defaultdict(float)  # seconds of collections inside, by instruction
         self.counts: Dict[str, int] = defaultdict(int)
         self.events: List[InstructionEvent] = []  # the schedule as it ran
         # around(name, buffer_id): a context each instruction runs in, inside its clock reads (the memory
@@ -58,17 +62,24 @@ class InstructionTimer:
         """call(), timed as instruction `name` (kwargs: the instruction's, for its event)."""
         around = self.around(name, (kwargs or {}).get("buffer_id")) if self.around else contextlib.nullcontext()
         start = synchronized_clock(self.synchronize)
+        paused = self.pauses.paused_s
         try:
             with around:
                 return call()
         finally:
             end = synchronized_clock(self.synchronize)
+            self.paused[name] += self.pauses.paused_s - paused
             self.totals[name] += end - start
             self.counts[name] += 1
             self.events.append((name, kwargs or {}, start, end))
 
+    def paused_in(self, names: Iterable[str]) -> float:
+        """Seconds of garbage collection inside these instructions."""
+        return sum(self.paused.get(name, 0.0) for name in names)
+
     def reset(self) -> None:
         self.totals.clear()
+        self.paused.clear()
         self.counts.clear()
         self.events = []
 
@@ -105,7 +116,7 @@ class EngineHooks:
         self.layout = layout
         self.module_profiler = module_profiler
         self.synchronize = synchronize
-        self.instructions = InstructionTimer(synchronize)
+        self.instructions = InstructionTimer(synchronize, module_profiler.gc_pauses)
         self._undo: List[Callable[[], None]] = []
         # the class PipelineEngine.train_batch builds its schedule from (a Megatron may replace DeepSpeed's
         # TrainSchedule, as upstream's zero-bubble option does); None on a plain engine

@@ -24,6 +24,9 @@ class RankEntry:
     layers: Optional[list] = None  # layers.stage_layers(): this stage's layers of a PipelineModule, else None
     parts: Optional[list] = None  # the PipelineModule's stage boundaries (PipelineModule.parts)
     memory: Optional[dict] = None  # memory.StageMemory.as_dict(), measured where the FLOPs were counted
+    # gc_pauses.GcSummary.as_dict() of the profiled iteration, with in_compute_s: its pauses inside the forward
+    # and backward instructions (left out of every module's latency, not out of the instructions')
+    gc: Optional[dict] = None
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
 

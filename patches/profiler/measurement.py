@@ -33,6 +33,7 @@ from patches.partition.layers import stage_layers
 from patches.profiler.attachment import EngineAttachment, attachment_of
 from patches.profiler.engine_hooks import EngineHooks, synchronized_clock
 from patches.profiler.entry import RankEntry
+from patches.profiler.instructions import BACKWARD_INSTRUCTIONS, FORWARD_INSTRUCTIONS
 from patches.profiler.layout import EngineLayout
 from patches.profiler.memory import MemoryMeasurement, StageMemory
 from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler, ModuleResults
@@ -236,7 +237,9 @@ class StageMeasurement:
                          self.hooks.instructions.as_dict(), self.train_batch_s(), peak, events,
                          [asdict(op) for op in measured.uncounted_ops], counted, list(self.calls_differ),
                          self.hooks.schedule, measured.invisible_attention, stage_layers(module, layout.stage),
-                         parts, memory=memory.as_dict() if memory is not None else None)
+                         parts, memory=memory.as_dict() if memory is not None else None,
+                         gc=dict(measured.gc.as_dict(), in_compute_s=self.hooks.instructions.paused_in(
+                             FORWARD_INSTRUCTIONS + BACKWARD_INSTRUCTIONS)))
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""

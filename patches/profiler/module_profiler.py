@@ -23,6 +23,8 @@ How it measures, one part per file (each file's docstring says how):
   phase, so children never exceed their parent; `synchronize()` then `time.perf_counter()` at every push and
   pop, and only the phase on top of the stack is timed, so the three phases never share a second. Each
   stretch of a module's activity in a phase is also kept as a wall-clock interval (events()).
+- gc_pauses.py: Python's garbage collections while measuring; their pauses are left out of every latency
+  (no module's work) and summed by themselves (results().gc).
 - Backward work outside autograd: a zero-bubble schedule defers its linears' weight-gradient GEMMs out of
   the backward pass and runs them later, in its WeightPass instruction. That work is backward work of the
   linear it came from (deferred_backward, where the schedule's store hands it over) and runs as such
@@ -35,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional
 import torch
 
 from patches.profiler.flop_counting import FlopCountingMode, FlopCredits, UncountedOp
+from patches.profiler.gc_pauses import GcPauses, GcSummary
 from patches.profiler.module_hooks import ModuleHooks
 from patches.profiler.module_tree import ModuleEvent, ModuleTree
 from patches.profiler.phase_stack import PhaseStack
@@ -51,6 +54,7 @@ class ModuleResults:
     uncounted_ops: List[UncountedOp]  # uncounted_ops()
     invisible_attention: List[dict]  # invisible_attention()
     calls_differ: List[str] = field(default_factory=list)  # adopt_counts(), where finish() adopted a pass
+    gc: GcSummary = field(default_factory=GcSummary)  # the collector's pauses, left out of every latency
 
 
 class ModuleProfiler:
@@ -64,7 +68,8 @@ class ModuleProfiler:
         the dispatch mode on the timed path (the FLOPs come from another pass: adopt_counts)."""
         self.root_module = root
         self._tree = ModuleTree(root, root_name or type(root).__name__, ignore_types)
-        self._stack = PhaseStack(self._tree.nodes, synchronize)
+        self.gc_pauses = GcPauses(before_pause=synchronize)
+        self._stack = PhaseStack(self._tree.nodes, synchronize, self.gc_pauses)
         self._credits = FlopCredits(self._tree.root, self._stack)
         self._mode = FlopCountingMode(self._credits.credit, self._credits.count_uncounted,
                                       self._credits.note_value_dependent) if count_flops else None
@@ -81,6 +86,8 @@ class ModuleProfiler:
         if self._hooks.measuring:
             return
         self._stack.clear()
+        self.gc_pauses.clear()
+        self.gc_pauses.watch()
         if self._mode is not None:
             self._mode.__enter__()
         self._hooks.start()
@@ -90,6 +97,7 @@ class ModuleProfiler:
         counting pass whose FLOPs to take (adopt_counts, whose list of calls that differ is returned; [] without)."""
         if self._hooks.measuring:
             self._hooks.stop()
+            self.gc_pauses.unwatch()
             if self._mode is not None:
                 self._mode.__exit__(None, None, None)
             self._stack.clear()
@@ -106,12 +114,14 @@ class ModuleProfiler:
         calls_differ = self.stop(adopt_from)
         self.remove()
         measured = self.results()
-        return ModuleResults(measured.tree, measured.uncounted_ops, measured.invisible_attention, calls_differ)
+        return ModuleResults(measured.tree, measured.uncounted_ops, measured.invisible_attention, calls_differ,
+                             measured.gc)
 
     def reset(self) -> None:
         self._tree.zero_counts()
         self._stack.restart_clocks()
         self._credits.reset()
+        self.gc_pauses.clear()
 
     def tree(self) -> dict:
         return self._tree.as_dict()
@@ -134,7 +144,8 @@ class ModuleProfiler:
         return self._tree.invisible_attention()
 
     def results(self) -> ModuleResults:
-        return ModuleResults(self.tree(), self.uncounted_ops(), self.invisible_attention())
+        return ModuleResults(self.tree(), self.uncounted_ops(), self.invisible_attention(),
+                             gc=self.gc_pauses.summary)
 
     def totals(self) -> dict:
         tree = self.tree()

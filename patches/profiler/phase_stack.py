@@ -9,16 +9,17 @@
   time during which it has at least one entry in that phase, so children never exceed their parent.
 - Backward runs subtree by subtree: a backward entry pushed closes the backward entries above its last
   ancestor on the stack, and the end of a graph task closes every entry pushed in it (close_task).
-- Latency: `synchronize()` then `time.perf_counter()` at every push and pop. Only the phase on top of
-  the stack is timed, so the three phases never share a second: a recompute running inside a backward
-  (reentrant checkpoint in the pipeline module's backward, or non-reentrant recompute inside a layer's
-  backward node) counts as recompute, not also as backward.
+- Latency: `synchronize()` then `time.perf_counter()` at every push and pop, less the garbage collector's
+  pauses so far (gc_pauses.py: a pause is no module's work). Only the phase on top of the stack is timed,
+  so the three phases never share a second: a recompute running inside a backward (reentrant checkpoint in
+  the pipeline module's backward, or non-reentrant recompute inside a layer's backward node) counts as
+  recompute, not also as backward.
 - The phase of an op (op_phase): phases.current_phase, except that an op under a recompute call is
   recompute work even with grad mode off (autograd runs a custom Function's forward, Megatron's parallel
   linears for one, without grad), and that backward work run outside autograd (backward_outside_autograd:
   a zero-bubble schedule's WeightPass) is backward work.
 - Stretches: each stretch during which a module is active in a phase is also kept as a wall-clock
-  interval (one tuple appended when the stretch ends, from the clock reads above). Stretches come from
+  interval (one tuple appended when the stretch ends, from the clock reads above, pauses included). Stretches come from
   one stack, so they nest; a backward stretch encloses a recompute running inside it.
 """
 import contextlib
@@ -27,6 +28,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from patches.profiler.gc_pauses import GcPauses
 from patches.profiler.module_tree import ModuleNode
 from patches.profiler.phases import BACKWARD, FORWARD, PHASES, RECOMPUTE, current_phase
 
@@ -57,23 +59,26 @@ class PhaseStack:
     `entries` is read by the FLOP crediting on every op; it is never rebound, so a reader may keep it, and
     only this class changes it. `stretches` grows by one (node, phase, start, end) per stretch of activity."""
 
-    def __init__(self, nodes: Sequence[ModuleNode], synchronize: Optional[Callable[[], None]] = None):
+    def __init__(self, nodes: Sequence[ModuleNode], synchronize: Optional[Callable[[], None]] = None,
+                 pauses: Optional[GcPauses] = None):
         self._nodes = tuple(nodes)
         self._synchronize = synchronize or _no_sync
+        self._pauses = pauses or GcPauses()  # one not watching pauses nothing
         self.entries: List[Entry] = []
         self.stretches: List[Stretch] = []
         self.outside_autograd = False  # in backward work a schedule runs outside autograd
         self.clear()
 
-    def now(self) -> float:
-        """The clock of every push and pop: the device's queued work done, then perf_counter."""
+    def now(self) -> Tuple[float, float]:
+        """The clocks of every push and pop, once the device's queued work is done: (perf_counter, the same less
+        the collector's pauses so far). No collection can run between the two reads (nothing is allocated)."""
         self._synchronize()
-        return _perf_counter()
+        now = _perf_counter()
+        return now, now - self._pauses.paused_s
 
     def push(self, node: ModuleNode, phase: int) -> Entry:
         """Open an entry of `node` in `phase` (and the implicit entries of its ancestors not running)."""
-        self._synchronize()
-        now = _perf_counter()
+        now, clock = self.now()
         entries = self.entries
         low = len(entries)
         while low and entries[low - 1].phase == phase:
@@ -92,36 +97,35 @@ class PhaseStack:
             # Backward runs subtree by subtree: whatever is not an ancestor of this node has finished.
             for index in range(low, len(entries)):
                 if entries[index].node not in node.ancestor_set:
-                    self._close_from(index, now)
+                    self._close_from(index, now, clock)
                     break
         task = _graph_task_id()
         entry = Entry(node, phase, None, task)
         running = {other.node for other in entries[low:]}
         for ancestor in node.ancestors:
             if ancestor not in running:
-                self._open(Entry(ancestor, phase, entry, task), now)
-        self._open(entry, now)
+                self._open(Entry(ancestor, phase, entry, task), now, clock)
+        self._open(entry, now, clock)
         return entry
 
     def pop(self, entry: Entry) -> None:
         """Close a live entry, whatever is above it, and the implicit ancestors pushed for it."""
         if not entry.live:
             return
-        self._synchronize()
-        now = _perf_counter()
+        now, clock = self.now()
         entries = self.entries
         index = len(entries) - 1
         while entries[index] is not entry:
             index -= 1
         while index and entries[index - 1].owner is entry:
             index -= 1
-        self._close_from(index, now)
+        self._close_from(index, now, clock)
 
     def close_task(self, task: int) -> None:
         """The end of graph task `task`: close its first entry and everything above it."""
         for index, entry in enumerate(self.entries):
             if entry.task == task:
-                self._close_from(index, self.now())
+                self._close_from(index, *self.now())
                 break
 
     def clear(self) -> None:
@@ -136,9 +140,9 @@ class PhaseStack:
 
     def restart_clocks(self) -> None:
         """Measure from now on (reset): the nodes active now count from now, and no stretch is kept."""
-        now = self.now()
+        now, clock = self.now()
         for node in self._nodes:
-            node.since[:] = [self._phase_clock(phase, now) for phase in PHASES]
+            node.since[:] = [self._phase_clock(phase, clock) for phase in PHASES]
             node.wall_since[:] = [now, now, now]
         self.stretches.clear()
 
@@ -164,37 +168,37 @@ class PhaseStack:
             self.pop(entry)
             self.outside_autograd = outside
 
-    def _phase_clock(self, phase, now):
-        """Seconds during which `phase` was the phase of the top of the stack."""
+    def _phase_clock(self, phase, clock):
+        """Seconds during which `phase` was the phase of the top of the stack (pauses left out: `clock`)."""
         elapsed = self._phase_elapsed[phase]
-        return elapsed + (now - self._top_since) if phase == self._top_phase else elapsed
+        return elapsed + (clock - self._top_since) if phase == self._top_phase else elapsed
 
-    def _retop(self, now):
+    def _retop(self, clock):
         """Only the top phase's clock runs: a backward waiting on a recompute above it is paused."""
         top = self.entries[-1].phase if self.entries else None
         if top != self._top_phase:
             if self._top_phase is not None:
-                self._phase_elapsed[self._top_phase] += now - self._top_since
-            self._top_phase, self._top_since = top, now
+                self._phase_elapsed[self._top_phase] += clock - self._top_since
+            self._top_phase, self._top_since = top, clock
 
-    def _open(self, entry, now):
+    def _open(self, entry, now, clock):
         self.entries.append(entry)
-        self._retop(now)
+        self._retop(clock)
         node, phase = entry.node, entry.phase
         if node.active[phase] == 0:
-            node.since[phase] = self._phase_clock(phase, now)
+            node.since[phase] = self._phase_clock(phase, clock)
             node.wall_since[phase] = now
         node.active[phase] += 1
 
-    def _close_from(self, index, now):
-        """Close the entry at `index` and everything above it."""
+    def _close_from(self, index, now, clock):
+        """Close the entry at `index` and everything above it (`now` the wall clock, `clock` without pauses)."""
         entries = self.entries
         for entry in entries[index:]:
             entry.live = False
             node, phase = entry.node, entry.phase
             node.active[phase] -= 1
             if node.active[phase] == 0:
-                node.latency_s[phase] += self._phase_clock(phase, now) - node.since[phase]
+                node.latency_s[phase] += self._phase_clock(phase, clock) - node.since[phase]
                 self.stretches.append((node, phase, node.wall_since[phase], now))
         del entries[index:]
-        self._retop(now)
+        self._retop(clock)

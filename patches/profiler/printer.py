@@ -197,6 +197,10 @@ def _backward_instructions(report):
     return " + ".join(name for name in BACKWARD_INSTRUCTIONS if name in ran) or "BackwardPass"
 
 
+# The pauses are left out of every module's time and of the plan's layer times (gc_pauses.py).
+GC_LABEL = "garbage collection in the profiled iteration, in no module's time"
+
+
 def _stage_table(report):
     headers = ["stage", "ranks", "params", "fwd flops", "bwd flops", "recompute flops", "fwd", "bwd", "step",
                "comm+wait", "other", "train_batch", "share", "FLOPS per GPU"]
@@ -214,7 +218,20 @@ def _stage_table(report):
             + _table(headers, rows)
             + ["  * bounds the iteration (largest fwd + bwd + step time); "
                "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
-               f"flops) / {time} / tp"])
+               f"flops) / {time} / tp"]
+            + _gc_line(report["stages"]))
+
+
+def _gc_line(stages):
+    """The garbage collector's pauses in each stage's profiled iteration (its most paused tp rank), which no
+    module's time includes; none for a report from before they were measured."""
+    paused = [stage for stage in stages if stage.get("gc")]
+    if not paused:
+        return []
+    return ["  " + GC_LABEL + ": " + "; ".join(
+        f"stage {stage['stage_id']} {duration_to_string(stage['gc']['pause_s'])} in {stage['gc']['collections']} "
+        f"collections ({stage['gc']['generation_2']} full, the longest "
+        f"{duration_to_string(stage['gc']['longest_s'])})" for stage in paused)]
 
 
 def _bubble(report):

@@ -259,6 +259,7 @@ def _build_stage(stage_id, entries, train_batch_max_dp_s):
         "other_s": max(0.0, train_batch_s - covered_s),
         "busy_s": fwd_s + bwd_s + step_s,
         "peak_memory_bytes": max(memory) if memory else None,
+        "gc": max((e["gc"] for e in entries if e.get("gc")), key=lambda gc: gc["pause_s"], default=None),
         "instructions": instructions,
         "modules": modules,
     }
@@ -336,6 +337,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         stage["tflops_per_gpu"] = stage_flops / rate_s / tp / 1e12
     bounding = max(stages, key=lambda s: (s["busy_s"], -s["stage_id"]))
     layers = layer_table(stages, replica)
+    paused_s = max((stage["gc"]["pause_s"] for stage in stages if stage["gc"]), default=0.0)
     add_layer_memory(layers, memory_from)
 
     fwd = sum(s["fwd_flops"] for s in stages)
@@ -394,7 +396,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "optimizer_step_skipped": bool(context.optimizer_step_skipped),
         "recompute_note": context.run.recompute_note,
         "collection_note": context.collection_note,
-        "perturbation": _perturbation(timing, context, tflops, measured * dp),
+        "perturbation": _perturbation(timing, context, tflops, measured * dp, paused_s),
         "device": {"name": context.device_name, "dtype": context.dtype, "peak_tflops": peak},
         "totals": totals,
         "flops_counting": flops_counting(replica, int(context.step), context.counting_note),
@@ -406,7 +408,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "stages": stages,
         "layers": layers,
         "partition_plan": partition_plan(stages, layers, plan_parts_of(replica), rate_s, int(context.micro_batches),
-                                         plan_basis(timing), context.memory_limit_bytes,
+                                         plan_basis(timing, paused_s), context.memory_limit_bytes,
                                          context.memory_limit_source, _schedule_of(replica)),
         "model_tree": model_tree,
         "stragglers": straggler_view(samples, pp, dp),
@@ -419,28 +421,39 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
 WARMING_UP_RATIO = 1.10
 
 
-def plan_basis(timing: Optional[IterationTiming]) -> Basis:
+def plan_basis(timing: Optional[IterationTiming], paused_s: float = 0.0) -> Basis:
     """What the plan's times rest on: scaled from the profiled iteration to the steady unprofiled ones where the
-    baseline is steady; unscaled, and said, where it is not (warm-up alone, or none)."""
+    baseline is steady; unscaled, and said, where it is not (warm-up alone, or none). paused_s: the garbage
+    collector's pauses in the profiled iteration (the most of any stage's), out of the layers' times, and so out of
+    the profiled iteration they are scaled from."""
     if timing is None:
         return Basis(note="no iteration was timed unprofiled")
     unprofiled = timing.unprofiled_iter_s
     if timing.baseline_note is not None or not unprofiled:
         return Basis(iterations=tuple(timing.unprofiled_iterations), spread=timing.unprofiled_spread,
                      note=timing.baseline_note or "no iteration was timed unprofiled")
-    return Basis(unprofiled / timing.profiled_iter_s, tuple(timing.unprofiled_iterations), timing.unprofiled_spread)
+    return Basis(unprofiled / _without_pauses(timing, paused_s), tuple(timing.unprofiled_iterations),
+                 timing.unprofiled_spread)
 
 
-def _warming_up_note(timing) -> Optional[str]:
+def _without_pauses(timing, paused_s):
+    """The profiled iteration less the collector's pauses in it. (A guard keeps at least half of it: the pauses are
+    another rank's, over its measuring window, which holds more than the iteration rank 0 timed.)"""
+    return max(timing.profiled_iter_s - paused_s, timing.profiled_iter_s / 2)
+
+
+def _warming_up_note(timing, paused_s) -> Optional[str]:
     unprofiled = timing.unprofiled_iter_s
-    if not unprofiled or timing.baseline_note is not None or timing.profiled_iter_s <= WARMING_UP_RATIO * unprofiled:
+    profiled = _without_pauses(timing, paused_s)
+    if not unprofiled or timing.baseline_note is not None or profiled <= WARMING_UP_RATIO * unprofiled:
         return None
-    return (f"the profiled iteration took {timing.profiled_iter_s / unprofiled:.2f}x the steady unprofiled ones: it "
+    without = f" without the garbage collector's {paused_s * 1000:.0f} ms of pauses" if paused_s >= 0.0005 else ""
+    return (f"the profiled iteration took {profiled / unprofiled:.2f}x the steady unprofiled ones{without}: it "
             "was still warming up (the profiler's own cost is a few percent); the plan scales its measured times "
             "to the steady iterations")
 
 
-def _perturbation(timing, context, report_tflops, measured_flops):
+def _perturbation(timing, context, report_tflops, measured_flops, paused_s):
     """The profiled iteration against the unprofiled ones (null without a timing), and the training log line's
     TFLOPs over the same unprofiled time beside the report's, with why they differ."""
     if timing is None:
@@ -464,7 +477,7 @@ def _perturbation(timing, context, report_tflops, measured_flops):
         if log_tflops is not None else None,
         "unprofiled_spread": timing.unprofiled_spread,
         "baseline_note": timing.baseline_note,
-        "warming_up_note": _warming_up_note(timing),
+        "warming_up_note": _warming_up_note(timing, paused_s),
     }
 
 
