@@ -12,7 +12,10 @@ predicted and measured memory peak and the plan; its log lines' median iteration
 S+3, which delivers the report, left out) is compared with the report's prediction for its own partition. Then
 a launch of the plan (--pp-partition-from-profile that report), 9 iterations profiled at the last so that 2 .. 7
 are timed: the plan's predicted iteration time and peaks against that launch's measured
-median and peaks. Where two steps plan the same parts, one planned launch serves both. Last, the memory-limit
+median and peaks, and the plan's predicted change from the default (both predictions from the same report) beside
+its launch's measured change from the default launch: on a machine whose speed drifts between launches (this one:
+the same partition's median 12% apart in two launches minutes apart) the ratio holds where the absolute time
+cannot. Where two steps plan the same parts, one planned launch serves both. Last, the memory-limit
 case: a limit between the least peak any partition reaches and the largest peak of the time-optimal plan, the plan
 under it (--pp-partition-memory-limit) launched and its peaks measured. It plans from the first of the fork's
 default launches (checkpointing off) where such a limit exists. On UNBALANCED none does: the LM head alone is the
@@ -90,6 +93,10 @@ class Row:
     measured_ms: float
     predicted_peaks: List[Optional[int]]
     measured_peaks: List[Optional[int]]
+    # a plan's: its predicted iteration over the default's from the same report, and its launch's median over the
+    # default launch's (both - 1); None on a default row. Drift between launches leaves the ratio alone.
+    predicted_change: Optional[float] = None
+    measured_change: Optional[float] = None
 
 
 def run(case, partition, iterations, step, out, work):
@@ -116,13 +123,15 @@ def default_row(case, step, default):
                stage_peaks(default.report, "predicted_peak_bytes"), stage_peaks(default.report, "measured_peak_bytes"))
 
 
-def planned_row(case, step, plan, planned, shared):
-    """The plan of a default launch's report against the launch of it."""
+def planned_row(case, step, plan, planned, shared, default):
+    """The plan of a default launch's report against the launch of it, and the change from the default."""
     partition = "planned" + (f" (the launch of step {shared}'s plan)" if shared else "")
     if planned.parts != plan["parts"]:
         partition += f" (ran {planned.parts})"
+    own = plan_of(default.report, cut_at=default.parts)
     return Row(case, str(step), partition, plan["parts"], plan["predicted_iter_s"] * 1000, planned.measured_ms,
-               plan["predicted_peak_bytes"] or [None] * case.pp, stage_peaks(planned.report, "measured_peak_bytes"))
+               plan["predicted_peak_bytes"] or [None] * case.pp, stage_peaks(planned.report, "measured_peak_bytes"),
+               plan["predicted_iter_s"] / own["predicted_iter_s"] - 1, planned.measured_ms / default.measured_ms - 1)
 
 
 def prove(case, steps, settings, work):
@@ -146,7 +155,7 @@ def prove(case, steps, settings, work):
         else:
             print(f"  step {step} plans {list(key)} as step {shared[0]} did: its launch serves both", flush=True)
         first, planned = planned_by_parts[key]
-        rows.append(planned_row(case, step, plan, planned, first if first != step else None))
+        rows.append(planned_row(case, step, plan, planned, first if first != step else None, default))
     return rows, defaults
 
 
@@ -231,6 +240,12 @@ def peak_cell(predicted, measured):
     return f"{megabytes(predicted)} / {megabytes(measured)} ({percent(error(predicted, measured))})"
 
 
+def change_cell(row):
+    if row.predicted_change is None:
+        return ""
+    return f"{row.predicted_change:+.1%} / {row.measured_change:+.1%}"
+
+
 def markdown(headers, rows):
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
@@ -238,9 +253,11 @@ def markdown(headers, rows):
 
 def print_rows(rows, pp):
     headers = ["target", "pp", "checkpointing", "step", "partition", "parts", "predicted ms", "measured median ms",
-               "error"] + [f"stage {s} peak MB, predicted / measured (error)" for s in range(pp)]
+               "error", "change from default, predicted / measured"] + \
+        [f"stage {s} peak MB, predicted / measured (error)" for s in range(pp)]
     lines = [[row.case.name, pp, row.case.checkpointing, row.step, row.partition, row.parts,
-              f"{row.predicted_ms:.1f}", f"{row.measured_ms:.1f}", percent(error(row.predicted_ms, row.measured_ms))]
+              f"{row.predicted_ms:.1f}", f"{row.measured_ms:.1f}", percent(error(row.predicted_ms, row.measured_ms)),
+              change_cell(row)]
              + [peak_cell(p, m) for p, m in zip(row.predicted_peaks, row.measured_peaks)] for row in rows]
     print(f"\npp {pp}:\n")
     print(markdown(headers, lines))
