@@ -1,10 +1,13 @@
 """patches.clean_exit: the teardown that ends a finished run's process groups before the interpreter finalizes
 (why: its docstring), registered by patches.launch for a user's own Megatron-DeepSpeed, and by our fork with its
 layout's release added. One in-process gloo group of one rank (a file store: no port, no process started)."""
+import json
+import os
 import subprocess
 import sys
 import types
 
+import pytest
 import torch.distributed as dist
 
 import patches.profiler.gather as gather
@@ -67,3 +70,50 @@ def test_patches_launch_registers_the_teardown_once():
     process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr[-3000:]
     assert process.stdout.splitlines()[-1] == "added 1"
+
+
+# A DataLoader iterator with 2 workers in a reference cycle (as the training loop's data iterator sits), one
+# batch taken, then what the teardown does. torch's join timeout is cut to 0.2 s, so the old way's wait is short;
+# each worker join is recorded with whether the worker was still alive after it.
+_DATA_LOADER_AT_EXIT = """
+import json, sys, torch, torch.utils.data as data
+from torch.utils.data import _utils as data_utils
+from patches import clean_exit
+data_utils.MP_STATUS_CHECK_INTERVAL = 0.2
+joins = []
+import multiprocessing.process as mp_process
+real_join = mp_process.BaseProcess.join
+def join(self, timeout=None):
+    real_join(self, timeout)
+    joins.append(self.is_alive())
+mp_process.BaseProcess.join = join
+holder = {}
+holder["iterator"] = iter(data.DataLoader(list(range(64)), batch_size=4, num_workers=2))
+holder["self"] = holder  # the cycle
+next(holder["iterator"])
+workers = [w.pid for w in holder["iterator"]._workers]
+del holder
+getattr(clean_exit, sys.argv[1])()
+print(json.dumps({"joins": joins, "workers": workers}))
+"""
+
+
+def _data_loader_at_exit(teardown):
+    process = subprocess.run([sys.executable, "-c", _DATA_LOADER_AT_EXIT, teardown], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+    assert process.returncode == 0, process.stderr[-3000:]
+    return json.loads(process.stdout.splitlines()[-1])
+
+
+@pytest.mark.launch  # two interpreters, each with 2 DataLoader worker processes
+def test_at_exit_the_teardown_leaves_data_loader_workers_to_the_exit():
+    """The teardown's gc.collect() finalizes the iterator after its index queues' own finalizers closed them: the
+    stop never reaches a worker, and torch waits out its join timeout for each (5 s: every run with workers exited
+    10 s late). At exit the iterator is told the interpreter is exiting first: no join, and multiprocessing's exit
+    ends the daemonic workers with the process."""
+    collected = _data_loader_at_exit("teardown_process_groups")  # the collect alone: each worker outlives its join
+    assert collected["joins"][:2] == [True, True], collected  # then torch ends them itself
+    at_exit = _data_loader_at_exit("_teardown_at_exit")
+    assert at_exit["joins"] == [], at_exit
+    for pid in at_exit["workers"]:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read(), pid

@@ -1,10 +1,9 @@
 """Flag lists the tests share, so one run can serve several tests and no layout is spelled twice."""
 
 # A tiny GPT: big enough to have every kind of layer, small enough for a 2-core CI machine.
-# Data read in-line (--num-workers 0): a rank with DataLoader workers exits about 10 s late (the data iterator
-# sits in a reference cycle that megatron/clean_exit.py's gc.collect() finalizes; torch then waits out its 5 s
-# join timeout for each of the 2 workers), a tax on every launch. The batches are the same either way
-# (test_data_iterators.py); the runs that keep upstream's default of 2 workers say so (UPSTREAM_WORKERS).
+# Data read in-line (--num-workers 0): no worker processes to start on every rank of a 2-core machine. The batches
+# are the same either way (test_data_iterators.py); the runs that keep upstream's default of 2 workers say so
+# (UPSTREAM_WORKERS).
 TINY_GPT = [
     "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "16", "--max-position-embeddings", "16",
