@@ -45,10 +45,13 @@ class Collecting(nn.Module):
 
 def test_a_collection_is_in_no_module_latency(manual_collections):
     net = nn.Sequential(nn.Linear(8, 8), Collecting())
+    callbacks = list(gc.callbacks)
     profiler = ModuleProfiler.started(net)
+    assert len(gc.callbacks) == len(callbacks) + 1
     net(torch.randn(4, 8))
     events = profiler.events()
     results = profiler.finish()
+    assert gc.callbacks == callbacks  # the watch goes with the measuring
     assert (results.gc.collections, results.gc.generation_2) == (1, 1)
     assert results.gc.pause_s == results.gc.longest_s > 0.001
     collecting = results.tree["children"][1]
