@@ -272,16 +272,21 @@ def test_module_slices_nest_under_their_passes(run):
             stack.append(m)
     for stage in report["stages"]:  # the stage module's stretches: its latencies (slowest tp rank)
         root = stage["modules"]
+        # A stretch is wall clock, the garbage collector's pauses in it included; a latency leaves them out. So the
+        # stretches add up to the latency, plus at most the pauses of the tp rank that paused the longest (exactly
+        # the latency where no collection ran).
 
         def wall(phase, tid, stage_id=stage["stage_id"]):
             return sum(e["dur"] for e in tracks[(stage_id, tid)]
                        if e["cat"] == f"module.{phase}" and e["args"]["depth"] == 0) / 1e6
 
-        assert max(wall("fwd", tid) for tid in range(2)) == pytest.approx(root["fwd_latency_s"], rel=1e-9)
-        assert max(wall("recompute", tid) for tid in range(2)) == pytest.approx(root["recompute_latency_s"], rel=1e-9)
+        def within_pauses(walls, latency, rel, paused=stage["gc"]["pause_s"]):
+            assert latency * (1 - rel) <= max(walls) <= (latency + paused) * (1 + rel), (walls, latency, paused)
+
+        within_pauses([wall("fwd", tid) for tid in range(2)], root["fwd_latency_s"], 1e-9)
+        within_pauses([wall("recompute", tid) for tid in range(2)], root["recompute_latency_s"], 1e-9)
         # a backward stretch holds the recompute run inside it; the backward latency leaves it out
-        bwd_alone = max(wall("bwd", tid) - wall("recompute", tid) for tid in range(2))
-        assert bwd_alone == pytest.approx(root["bwd_latency_s"], rel=1e-6)
+        within_pauses([wall("bwd", tid) - wall("recompute", tid) for tid in range(2)], root["bwd_latency_s"], 1e-6)
 
 
 @pytest.mark.launch
