@@ -45,7 +45,10 @@ def free_port():
         ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except OSError:  # not Linux: IANA's ephemeral range starts at 49152
         ephemeral_low = 49152
-    for port in random.sample(range(_LOWEST_PORT, ephemeral_low), 64):
+    # The system's randomness, not the random module's global state, which code under test seeds (Megatron's and
+    # DeepSpeed's seed helpers call random.seed): in a fresh-clone run both xdist workers drew port 27835 at once,
+    # and two 4-rank launches met at one rendezvous and hung.
+    for port in random.SystemRandom().sample(range(_LOWEST_PORT, ephemeral_low), 64):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
