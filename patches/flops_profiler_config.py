@@ -35,7 +35,7 @@ from patches.errors import PatchConfigError
 from patches.profiler.attachment import EngineAttachment
 from patches.profiler.numbering import DEEPSPEED_NUMBERING, running_iteration
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNT_IN_PROFILED, ProfileSchedule
-from patches.profiler.sources import GatheredReports, ReportWriteError, print_report, warn_on_rank_0
+from patches.profiler.sources import GatheredReports, ReportWriteError, print_report, warn_on_rank_0, warned_not_built
 from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
 
 WHAT_IT_FIXES = "the flops_profiler section (and engine.flops_profiler)"
@@ -157,16 +157,21 @@ class SectionDoor:
         the report as the section asks, or, under autotuning, the engine gets DeepSpeed's autotuning metrics;
         engine.flops_profiler holds it afterwards on every rank."""
         config = self.config
-        if engine.autotuning_enabled():
-            report = reports.report(step)
-            _set_autotuning_metric(engine, report)
-        else:
-            try:
-                report = print_report(reports, step, config.output_file, module_depth=config.module_depth,
-                                      top_modules=config.top_modules, detailed=config.detailed)
-            except ReportWriteError as error:  # every rank has it: training goes on on every rank
-                warn_on_rank_0(f"flops_profiler: {error}; training goes on")
-                report = reports.report(step)  # built before the write failed
+        try:
+            if engine.autotuning_enabled():
+                report = reports.report(step)
+                _set_autotuning_metric(engine, report)
+            else:
+                try:
+                    report = print_report(reports, step, config.output_file, module_depth=config.module_depth,
+                                          top_modules=config.top_modules, detailed=config.detailed)
+                except ReportWriteError as error:  # every rank has it: training goes on on every rank
+                    warn_on_rank_0(f"flops_profiler: {error}; training goes on")
+                    report = reports.report(step)  # built before the write failed
+        except Exception as error:
+            if not warned_not_built(error, f"no report of step {step}"):
+                raise
+            return
         engine.flops_profiler.hold(report)
 
 

@@ -25,7 +25,7 @@ from patches.profiler.attachment import attachment_of
 from patches.profiler.context import RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
 from patches.profiler.one_step import STEADY_AFTER, ProfileSchedule
-from patches.profiler.sources import GatheredReports, ReportWriteError, print_report, warn_on_rank_0
+from patches.profiler.sources import GatheredReports, ReportWriteError, print_report, warn_on_rank_0, warned_not_built
 
 Result = TypeVar("Result")
 
@@ -46,7 +46,12 @@ class FileOutput:
 
     def deliver(self, reports: GatheredReports, step: int) -> None:
         """Collective: every rank calls it for the same report."""
-        report = print_report(reports, step)
+        try:
+            report = print_report(reports, step)
+        except Exception as error:  # built again over the iterations after it (rebuild_report): rank 0 failed
+            if not warned_not_built(error, f"no report of iteration {step}"):
+                raise
+            return
         json_path, trace_path = self.json_path(step), self.trace_path(step)
         try:
             # files.write_json makes the directory on rank 0: its failure, too, reaches every rank

@@ -171,22 +171,19 @@ def test_a_rank_slowed_in_its_forward_is_named_by_the_straggler_view(tmp_path):
 
 
 @pytest.mark.launch
-def test_a_rank_failing_in_the_report_is_named_by_every_rank(tmp_path):
+def test_a_rank_failing_in_its_report_entry_costs_the_report_not_the_run(tmp_path):
+    """Rank 3 raises while building its entry: the profiler's failure. Every rank learns it from the gather, so
+    every rank goes on alike: no report, one warning line from rank 0 naming rank 3 and why, exit 0."""
     process = _fault_run(tmp_path, "entry")
     output = process.stdout + process.stderr
-    assert process.returncode == 1, explain(process)
-    # Ranks write to one pipe: a line may lack its newline before another rank's, so cut at each "error: rank".
-    said = re.findall(r"error: rank \d+ .*?(?=error: rank \d|\n|$)", output)
-    lines = {rank: [line for line in said if line.startswith(f"error: rank {rank} ")] for rank in range(4)}
-    assert lines[3] == ["error: rank 3 failed in iteration 2: RuntimeError: injected fault on rank 3"], output
-    for rank in (0, 1, 2):
-        # Normally the broadcast failure names rank 3 ("stops in iteration 2: rank 3 failed first (building
-        # its profile entry: ...)"); on a loaded machine rank 3's own verdict can reach a rank's heartbeat
-        # thread first ("stops: rank 3 failed first (RuntimeError: ...)"). Either way rank 3 is named.
-        assert len(lines[rank]) == 1, output
-        assert lines[rank][0].startswith(f"error: rank {rank} stops") and \
-            "rank 3 failed first (" in lines[rank][0] and "RuntimeError: injected fault on rank 3" in lines[rank][0], \
-            output
+    assert process.returncode == 0, explain(process)
+    said = re.findall(r"warning: FLOPs profiler: .*?(?=warning: |\n|$)", output)
+    assert said == ["warning: FLOPs profiler: no report of iteration 2: the profile report was not built: rank 3 "
+                    "failed building its profile entry: RuntimeError: injected fault on rank 3; training goes on"], \
+        output
+    assert re.search(r"iteration\s+2/\s+2 \|", process.stdout), output  # the profiled iteration ran and logged
+    assert not (tmp_path / "profile" / "flops_profile_step2.json").exists()
+    assert "error: rank" not in output and "Traceback" not in output
 
 
 def test_a_failed_rank_is_named_the_same_way_on_both_paths():

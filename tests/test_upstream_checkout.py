@@ -44,9 +44,9 @@ LAYERS, HIDDEN, HEADS, SEQ, GLOBAL_BATCH = 4, 64, 4, 32, 4
 PROFILE_STEP = 2
 
 
-def model_flags(pp, tp, data_prefix, ds_config):
+def model_flags(pp, tp, data_prefix, ds_config, checkpointing=True):
     """Flags both upstream's and our pretrain_gpt.py take: a tiny GPT, micro-batch 1 (upstream's current main
-    needs flash attention above 1 on CPU), checkpointing every layer, fp32, gloo."""
+    needs flash attention above 1 on CPU), checkpointing every layer (unless not `checkpointing`), fp32, gloo."""
     return ["--pipeline-model-parallel-size", pp, "--tensor-model-parallel-size", tp,
             "--num-layers", LAYERS, "--hidden-size", HIDDEN, "--num-attention-heads", HEADS,
             "--seq-length", SEQ, "--max-position-embeddings", SEQ, "--micro-batch-size", 1,
@@ -54,8 +54,8 @@ def model_flags(pp, tp, data_prefix, ds_config):
             "--lr-decay-style", "constant", "--log-interval", 1, "--eval-iters", 0, "--eval-interval", 1000,
             "--split", "100,0,0", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", VOCAB_FILE,
             "--merge-file", MERGE_FILE, "--data-path", data_prefix, "--distributed-backend", "gloo",
-            "--deepspeed", "--deepspeed_config", ds_config, "--seed", 1234, "--no-gradient-accumulation-fusion",
-            "--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+            "--deepspeed", "--deepspeed_config", ds_config, "--seed", 1234, "--no-gradient-accumulation-fusion"] + (
+                ["--checkpoint-activations", "--deepspeed-activation-checkpointing"] if checkpointing else [])
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +72,14 @@ def workdir(tmp_path_factory):
 
 
 def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.json", python=None,
-                 count_flops_of=None):
+                 count_flops_of=None, checkpointing=True):
     """Upstream's pretrain_gpt.py from its tree under the deepspeed launcher; returns (process, losses).
     python: the interpreter of the environment to run in (default MEGATRON_DEEPSPEED_PYTHON). count_flops_of:
-    an iteration torch's FlopCounterMode counts on every rank (the shim), read back by torch_flops(name)."""
+    an iteration torch's FlopCounterMode counts on every rank (the shim), read back by torch_flops(name).
+    checkpointing: model_flags'."""
     root, data_prefix = workdir
     record = root / f"{name}_losses.jsonl"
-    args = model_flags(pp, tp, data_prefix, root / config) + list(extra)
+    args = model_flags(pp, tp, data_prefix, root / config, checkpointing) + list(extra)
     python = python or UPSTREAM_PYTHON
     launcher = [str(Path(python).parent / "deepspeed")]
     script = ["--module", "patches.launch", "pretrain_gpt.py"] if via_module else ["pretrain_gpt.py"]
@@ -238,6 +239,35 @@ def test_a_curriculum_run_is_reported_at_the_length_it_ran(workdir):
     assert "(the run changes its shapes between iterations: curriculum learning" in report["flops_counting"]["note"]
     assert f"iteration {PROFILE_STEP} will be profiled on every stage, its FLOPs counted in it (the run changes " \
            "its shapes between iterations: curriculum learning" in profiled.stdout
+
+
+# Upstream's mixture of experts: DeepSpeed's gating helpers are wrapped by jit_script_compat, torch.compile on
+# torch 2, which leaves fake tensors alive in the process once they have run. Without checkpointing: upstream's MoE
+# does not train under DeepSpeed's activation checkpointing, profiled or not (its backward finds no saved tensors).
+MOE_FLAGS = ["--num-experts", 2, "--topk", 1]
+
+
+def test_a_moe_run_is_profiled_with_the_fake_tensors_left_out_of_its_memory(workdir):
+    """pp 2: the profiled run trains as the plain one (losses bitwise), its FLOPs are torch's count of the same
+    iteration in the plain launch, and every stage's memory is read (the fake tensors hold no storage)."""
+    plain, plain_losses = run_upstream(workdir, "moe_plain", 2, 1, via_module=False, extra=MOE_FLAGS,
+                                       count_flops_of=PROFILE_STEP, checkpointing=False)
+    assert plain.returncode == 0, explain(plain)
+    out = workdir[0] / "moe_profile"
+    profiled, profiled_losses = run_upstream(
+        workdir, "moe_profiled", 2, 1, via_module=True, checkpointing=False,
+        extra=MOE_FLAGS + ["--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out])
+    assert profiled.returncode == 0, explain(profiled)
+    assert sorted(plain_losses) == [1, 2, 3] and profiled_losses == plain_losses
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    totals = report["totals"]
+    assert totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"] == \
+        torch_flops(workdir, "moe_plain", 2)
+    assert report["measurement_faults"] == []
+    for stage in report["stages"]:
+        memory = stage["memory"]
+        assert memory["not_read"] is None and memory["measured_peak_bytes"] > memory["state_bytes"] > 0, stage
+    assert "not measured:" not in profiled.stdout
 
 
 @pytest.mark.skipif(not UPSTREAM_PYTHON_016, reason="MEGATRON_DEEPSPEED_PYTHON_016 is not set: no DeepSpeed 0.16 "

@@ -14,7 +14,14 @@ from patches.profiler.files import write_json, write_trace
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.printer import format_aggregated
-from patches.profiler.sources import HeldReport, MeasuringSource, ProfileIncomplete, ReportSource, print_report
+from patches.profiler.sources import (
+    HeldReport,
+    MeasuringSource,
+    ProfileIncomplete,
+    ReportSource,
+    print_report,
+    warned_not_built,
+)
 from patches.profiler.units import duration_to_string, number_to_string, params_to_string
 
 
@@ -108,12 +115,16 @@ class ProfilerAPI:
 
     # ------------------------------------------------------------------ printing and writing
     def _report_or_say_why(self, get: Callable[[], dict]) -> Optional[dict]:
-        """get(): the report (collective where the source is); a profile not complete is one line instead of it,
-        and training goes on."""
+        """get(): the report (collective where the source is); a profile not complete, or one a rank could not
+        build, is one line instead of it, and training goes on."""
         try:
             report = get()
         except ProfileIncomplete as missing:
             print(str(missing), file=sys.stderr, flush=True)
+            return None
+        except Exception as error:  # a gathered report one rank could not build: every rank is here, alike
+            if not warned_not_built(error, "no report"):
+                raise
             return None
         self._set_attributes()
         return report

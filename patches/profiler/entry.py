@@ -27,6 +27,7 @@ class RankEntry:
     # gc_pauses.GcSummary.as_dict() of the profiled iteration, with in_compute_s: its pauses inside the forward
     # and backward instructions (left out of every module's latency, not out of the instructions')
     gc: Optional[dict] = None
+    faults: list = field(default_factory=list)  # fail_safe.MeasurementFault.as_dict(): parts not measured, and why
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
 

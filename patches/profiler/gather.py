@@ -212,11 +212,25 @@ def _outcome(replica, samples, context):
     failed = sorted(s.global_rank for s in samples if s.failure is not None)
     if failed:
         first = next(s for s in samples if s.global_rank == failed[0])
-        who = f"rank {failed[0]}" if len(failed) == 1 else "ranks " + ", ".join(map(str, failed))
         reason = f"building its profile entry: {first.failure}"
-        return ("error", (f"the profile report was not built: {who} failed {reason}", failed, reason)), None
+        return ("error", (_not_built(failed, reason), failed, reason)), None
     try:
         return ("ok", build_report(replica, context, samples)), None
     except Exception as e:
         reason = f"building the profile report: {error_summary(e)}"
-        return ("error", (f"the profile report was not built: rank 0 failed {reason}", [0], reason)), e
+        return ("error", (_not_built([0], reason), [0], reason)), e
+
+
+def _not_built(failed: List[int], reason: str) -> str:
+    who = f"rank {failed[0]}" if len(failed) == 1 else "ranks " + ", ".join(map(str, failed))
+    return f"the profile report was not built: {who} failed {reason}"
+
+
+def not_built_line(error: BaseException) -> Optional[str]:
+    """What every rank says where a report could not be built (gather_report's or rebuild_report's ReportError, or
+    the failing rank's own error, which gather_report names to it); None for an error of any other kind (a broken
+    connection is the run's failure, not the report's)."""
+    if isinstance(error, ReportError):
+        return str(error)
+    failed = getattr(error, "failed_ranks", None)
+    return _not_built(failed, error.reason) if failed else None

@@ -30,23 +30,40 @@ _WALK_DEPTH = 8
 _WALKED_PACKAGES = ("torch", "deepspeed", "apex", "megatron")
 
 
-def storage_key(tensor: torch.Tensor) -> Optional[Tuple[str, int]]:
-    """(device, address) of the storage under `tensor`; None for a tensor that holds no allocated storage (meta,
-    sparse, a subclass without one, an empty one)."""
+@dataclass(frozen=True)
+class ReadStorage:
+    """A tensor's storage as the allocator holds it: its key, its bytes, and the storage object itself."""
+    key: Tuple[str, int]  # (device, address)
+    nbytes: int
+    storage: torch.UntypedStorage
+
+
+def read_storage(tensor: torch.Tensor) -> Optional[ReadStorage]:
+    """The allocated storage under `tensor`, or None for a tensor that holds none the allocator gave: meta, sparse,
+    an empty one, and any tensor whose storage cannot be read (the fake tensors torch.compile leaves alive, a
+    functional tensor, a wrapper subclass without storage). Never raises: what it cannot read is no storage."""
     try:
         storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
+        if storage.device.type == "meta":
+            return None
+        address = storage.data_ptr()
+        if address == 0:
+            return None
+        return ReadStorage((str(storage.device), address), storage.nbytes(), storage)
+    except Exception:  # a tensor kind whose storage torch will not show holds none that can be counted
         return None
-    address = storage.data_ptr()
-    if address == 0 or storage.device.type == "meta":
-        return None
-    return str(storage.device), address
+
+
+def storage_key(tensor: torch.Tensor) -> Optional[Tuple[str, int]]:
+    """(device, address) of the storage under `tensor`; None where read_storage finds none."""
+    read = read_storage(tensor)
+    return read.key if read is not None else None
 
 
 def _add(storages: Storages, tensor: torch.Tensor) -> None:
-    key = storage_key(tensor)
-    if key is not None:
-        storages.setdefault(key, tensor.untyped_storage().nbytes())
+    read = read_storage(tensor)
+    if read is not None:
+        storages.setdefault(read.key, read.nbytes)
 
 
 @dataclass(frozen=True)
@@ -168,13 +185,10 @@ def alive_storages(device_type: str, on_each: Optional[Callable[[torch.UntypedSt
         # type(), not isinstance(): isinstance reads __class__, which some deprecated torch objects warn on
         if not issubclass(type(obj), torch.Tensor):
             continue
-        key = storage_key(obj)
-        if key is None or key in found:
+        read = read_storage(obj)
+        if read is None or read.key in found or read.storage.device.type != device_type:
             continue
-        storage = obj.untyped_storage()
-        if storage.device.type != device_type:
-            continue
-        found[key] = storage.nbytes()
+        found[read.key] = read.nbytes
         if on_each is not None:
-            on_each(storage, found[key])
+            on_each(read.storage, read.nbytes)
     return found

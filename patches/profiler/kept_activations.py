@@ -29,10 +29,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import torch
 
-from patches.profiler.held_state import storage_key
+from patches.profiler.fail_safe import MEMORY, FaultLog
+from patches.profiler.held_state import read_storage, storage_key
 from patches.profiler.shadowing import shadow
 
 _graph_task_id = torch._C._current_graph_task_id
+# How a layer's call is counted (KeptActivations._before_layer).
+_FORWARD, _RECOMPUTE = "forward", "recompute"
 _RAW_SAVED_PREFIX = "_raw_saved_"
 
 
@@ -48,8 +51,11 @@ class KeptBytes:
 class KeptActivations:
     """The proxies that count saved tensors on one stage module (see the module docstring)."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, faults: Optional[FaultLog] = None):
+        """faults: where an error of its proxies' counting is recorded (it runs inside the user's forward and
+        backward); after one, the proxies only call what they proxy."""
         self.module = module
+        self.faults = faults if faults is not None else FaultLog()
         self._excluded: Set[object] = set()
         self._chunk: Optional[_Chunk] = None  # the checkpointed chunk running now
         self._seen: Set[object] = set()  # storages counted in this micro-batch
@@ -107,63 +113,80 @@ class KeptActivations:
         return KeptBytes(layers, outside, dict(self._recompute), len(self._micro_batches))
 
     def _new_micro_batch(self, module, args) -> None:
-        if _graph_task_id() == -1:
+        if _graph_task_id() == -1 and not self.faults.failed(MEMORY):
             self._micro_batches.append({})
             self._seen = set()
             self._walked = []
 
     def _layer_proxy(self, index: int, func: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args, **kwargs):
-            if self._chunk is not None:  # a checkpoint's forward: the chunk's call counts it
-                if self._chunk.first is None:
-                    self._chunk.first = index
-                return func(*args, **kwargs)
-            recomputing = _graph_task_id() != -1  # re-run inside backward: a checkpointed layer's recompute
-            if recomputing:
-                self._recompute.setdefault(index, 0)
-            if _foreign_hooks():  # saved through someone else's hooks (a non-reentrant checkpoint's): not read
-                return func(*args, **kwargs)
+            how = None
+            if not self.faults.failed(MEMORY):
+                with self.faults.guard(MEMORY, f"layer {index}'s call"):
+                    how = self._before_layer(index)
             result = func(*args, **kwargs)
-            outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
-            inputs = [t.grad_fn for t in _tensors(list(args) + list(kwargs.values())) if t.grad_fn is not None]
-            if recomputing:
-                seen, size = set(), 0
-                for tensor in _saved_in_graph(outputs, inputs):
-                    key = storage_key(tensor)
-                    if key is not None and key not in self._excluded and key not in seen:
-                        seen.add(key)
-                        size += tensor.untyped_storage().nbytes()
-                self._recompute[index] = max(self._recompute.get(index, 0), size)
-                return result
-            for tensor in _saved_in_graph(outputs, inputs + self._walked):
-                self._count(tensor, index)
-            self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]
+            if how in (_FORWARD, _RECOMPUTE):
+                with self.faults.guard(MEMORY, f"layer {index}'s call"):
+                    self._after_layer(index, how, args, kwargs, result)
             return result
         return run
 
+    def _before_layer(self, index: int) -> Optional[str]:
+        """How a layer's call is counted: None where it is not (a checkpoint's forward, whose chunk counts it;
+        saved through someone else's hooks)."""
+        if self._chunk is not None:  # a checkpoint's forward: the chunk's call counts it
+            if self._chunk.first is None:
+                self._chunk.first = index
+            return None
+        recomputing = _graph_task_id() != -1  # re-run inside backward: a checkpointed layer's recompute
+        if recomputing:
+            self._recompute.setdefault(index, 0)
+        if _foreign_hooks():  # saved through someone else's hooks (a non-reentrant checkpoint's): not read
+            return None
+        return _RECOMPUTE if recomputing else _FORWARD
+
+    def _after_layer(self, index: int, how: str, args: tuple, kwargs: dict, result: Any) -> None:
+        outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
+        inputs = [t.grad_fn for t in _tensors(list(args) + list(kwargs.values())) if t.grad_fn is not None]
+        if how == _RECOMPUTE:
+            seen, size = set(), 0
+            for tensor in _saved_in_graph(outputs, inputs):
+                read = read_storage(tensor)
+                if read is not None and read.key not in self._excluded and read.key not in seen:
+                    seen.add(read.key)
+                    size += read.nbytes
+            self._recompute[index] = max(self._recompute.get(index, 0), size)
+            return
+        for tensor in _saved_in_graph(outputs, inputs + self._walked):
+            self._count(tensor, index)
+        self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]
+
     def _chunk_proxy(self, checkpoint: Callable[..., Any]) -> Callable[..., Any]:
         def run(function, *args, **kwargs):
+            if self.faults.failed(MEMORY):
+                return checkpoint(function, *args, **kwargs)
             outer, self._chunk = self._chunk, _Chunk()
             try:
                 result = checkpoint(function, *args, **kwargs)
             finally:
                 chunk, self._chunk = self._chunk, outer
             if _graph_task_id() == -1 and outer is None:  # the checkpoint keeps its inputs till its backward
-                for tensor in _tensors(list(args)) + _tensors(list(kwargs.values())):
-                    self._count(tensor, chunk.first)
-                outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
-                self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]  # its graph is not read
+                with self.faults.guard(MEMORY, "a checkpointed chunk's call"):
+                    for tensor in _tensors(list(args)) + _tensors(list(kwargs.values())):
+                        self._count(tensor, chunk.first)
+                    outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
+                    self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]  # its graph is not read
             return result
         return run
 
     def _count(self, tensor: torch.Tensor, layer: Optional[int]) -> None:
         """A storage kept in this micro-batch, counted to `layer` (None: the stage) unless counted already."""
-        key = storage_key(tensor)
-        if key is None or key in self._excluded or key in self._seen or not self._micro_batches:
+        read = read_storage(tensor)
+        if read is None or read.key in self._excluded or read.key in self._seen or not self._micro_batches:
             return
-        self._seen.add(key)
+        self._seen.add(read.key)
         kept = self._micro_batches[-1]
-        kept[layer] = kept.get(layer, 0) + tensor.untyped_storage().nbytes()
+        kept[layer] = kept.get(layer, 0) + read.nbytes
 
 
 @dataclass

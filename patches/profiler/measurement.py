@@ -33,6 +33,7 @@ from patches.partition.layers import stage_layers
 from patches.profiler.attachment import EngineAttachment, attachment_of
 from patches.profiler.engine_hooks import EngineHooks, synchronized_clock
 from patches.profiler.entry import RankEntry
+from patches.profiler.fail_safe import MEMORY, FaultLog, MeasurementFault
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS, FORWARD_INSTRUCTIONS
 from patches.profiler.layout import EngineLayout
 from patches.profiler.memory import MemoryMeasurement, StageMemory
@@ -48,6 +49,7 @@ class CountingPass:
     iteration: int
     module_profiler: ModuleProfiler  # stopped, hooks removed: its counts stay readable
     memory: Optional[StageMemory] = None  # the stage's memory, measured in the same iteration
+    faults: Tuple[MeasurementFault, ...] = ()  # what it could not measure (fail_safe.py)
 
 
 class StageMeasurement:
@@ -63,6 +65,7 @@ class StageMeasurement:
         self.hooks: Optional[EngineHooks] = None
         self.memory: Optional[MemoryMeasurement] = None  # measuring the memory (in the iteration that counts)
         self.measured_memory: Optional[StageMemory] = None  # what it measured, once stopped
+        self.faults = FaultLog()  # what failed of this measurement inside the iteration (fail_safe.py)
         self.counted: Optional[CountingPass] = None
         self.calls_differ: List[str] = []  # modules whose calls differ from the counting pass's
         self._results: Optional[ModuleResults] = None  # the module profiler's, once finish() has read them
@@ -112,14 +115,12 @@ class StageMeasurement:
                                                       root_name=type(module).__name__, ignore_types=ignore_list,
                                                       count_flops=counted is None)
         self.measured_memory = None
+        self.faults = FaultLog()
         try:
             self.hooks = EngineHooks.attach(self.engine, self.layout, self.module_profiler,
                                             self.accelerator.synchronize)
             if counted is None and self.layout.is_pipeline:
-                # after the engine hooks (it proxies the layers they may have swapped), off before them
-                self.memory = MemoryMeasurement.started(self.engine, self.accelerator,
-                                                        stage_layers(module, self.layout.stage))
-                self.hooks.instructions.around = self.memory.instruction
+                self._start_memory()
         except BaseException:
             if self.hooks is not None:
                 self.hooks.remove()
@@ -139,8 +140,12 @@ class StageMeasurement:
         its hooks off, its results read once), this rank's entry is built from those results, and the engine's
         hooks come off (detach()). Returns the entry, or the error building it raised (a collective report
         still needs this rank's part)."""
-        self._end(finish=True)
-        entry = self.entry_or_error()
+        try:
+            self._end(finish=True)
+            entry = self.entry_or_error()
+        except Exception as error:  # reading the module profiler's results: this rank's failure to report
+            self.started = False
+            entry = error
         self.detach()
         return entry
 
@@ -163,6 +168,17 @@ class StageMeasurement:
         if self.attachment.measurement is self:
             self.attachment.measurement = None
         self._remove_hooks()
+
+    def _start_memory(self) -> None:
+        """The stage's memory, measured after the engine hooks are on (it proxies the layers they may have
+        swapped) and taken off before them; what fails of it is a fault, never the run's error."""
+        layers = None
+        with self.faults.guard(MEMORY, "start"):
+            layers = stage_layers(self.engine.module, self.layout.stage)
+        if self.faults.failed(MEMORY):
+            return
+        self.memory = MemoryMeasurement.started(self.engine, self.accelerator, layers, self.faults)
+        self.hooks.instructions.around = self.memory.instruction_guarded
 
     def _stop_memory(self) -> None:
         # Its hooks come off first: they proxy what the engine hooks put in place.
@@ -220,6 +236,7 @@ class StageMeasurement:
         if self.module_profiler is None:
             raise RuntimeError("start_profile() never ran on this rank: nothing was measured")
         memory = self.counted.memory if self.counted is not None else self.measured_memory
+        faults = (self.counted.faults if self.counted is not None else ()) + tuple(self.faults.faults)
         peak = None
         if self.accelerator.device_name() != "cpu":
             peak = int(self.accelerator.max_memory_allocated())
@@ -238,6 +255,7 @@ class StageMeasurement:
                          [asdict(op) for op in measured.uncounted_ops], counted, list(self.calls_differ),
                          self.hooks.schedule, measured.invisible_attention, stage_layers(module, layout.stage),
                          parts, memory=memory.as_dict() if memory is not None else None,
+                         faults=[fault.as_dict() for fault in faults],
                          gc=dict(measured.gc.as_dict(), in_compute_s=self.hooks.instructions.paused_in(
                              FORWARD_INSTRUCTIONS + BACKWARD_INSTRUCTIONS)))
 

@@ -40,13 +40,14 @@ this too, as it carries the dispatch mode (the report's perturbation says how mu
 import contextlib
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.profiler.allocator_trace import AllocatorTrace, InstructionMemory, allocator_recorder
+from patches.profiler.fail_safe import MEMORY, FaultLog
 from patches.profiler.held_state import HeldState, held_state, reduction_buckets
 from patches.profiler.kept_activations import KeptActivations
 from patches.profiler.shadowing import shadow
@@ -155,15 +156,17 @@ class MemoryMeasurement:
     """The three readings of one rank's stage over one iteration (see the module docstring)."""
 
     def __init__(self, engine: DeepSpeedEngine, accelerator: DeepSpeedAccelerator,
-                 layers: Optional[List[dict]] = None):
-        """layers: the stage's layers (partition/layers.stage_layers), None off a PipelineModule."""
+                 layers: Optional[List[dict]] = None, faults: Optional[FaultLog] = None):
+        """layers: the stage's layers (partition/layers.stage_layers), None off a PipelineModule. faults: where what
+        fails while it runs inside the iteration is recorded (fail_safe.py; the caller's, to read after stop)."""
+        self.faults = faults if faults is not None else FaultLog()
         self.engine = engine
         self.module = engine.module
         self.layers = layers
         self.optimizer = getattr(engine, "optimizer", None)
         self.device_type = "cpu" if accelerator.device_name() == "cpu" else accelerator.device_name()
         self.recorder = allocator_recorder(accelerator)
-        self.kept = KeptActivations(self.module)
+        self.kept = KeptActivations(self.module, self.faults)
         self._at_start: Optional[HeldState] = None
         self._before_step: Optional[HeldState] = None
         self._after_step: Optional[HeldState] = None
@@ -171,30 +174,31 @@ class MemoryMeasurement:
         self._instruction: Optional[str] = None  # the one running
         self._step_buckets = 0  # the most reduction bucket bytes seen at once in the step
         self._unwatch: Callable[[], None] = lambda: None
+        self._detached = False
 
     @classmethod
     def started(cls, engine: DeepSpeedEngine, accelerator: DeepSpeedAccelerator,
-                layers: Optional[List[dict]] = None) -> "MemoryMeasurement":
-        memory = cls(engine, accelerator, layers)
+                layers: Optional[List[dict]] = None, faults: Optional[FaultLog] = None) -> "MemoryMeasurement":
+        memory = cls(engine, accelerator, layers, faults)
         memory.start()
         return memory
 
     def start(self) -> None:
-        self._at_start = held_state(self.module, self.optimizer)
-        self.kept.attach()
-        self._unwatch = watch_release(self.optimizer, self._read_buckets)
-        try:
+        """Attach and read the start; an error is recorded in the fault log (nothing is left attached then)."""
+        with self.faults.guard(MEMORY, "start"):
+            self._at_start = held_state(self.module, self.optimizer)
+            self.kept.attach()
+            self._unwatch = watch_release(self.optimizer, self._read_buckets)
             self.recorder.start(self._at_start.all)
-        except BaseException:
-            self.kept.remove()
-            self._unwatch()
-            raise
+        if self.faults.failed(MEMORY):
+            self._detach()
 
     def _read_buckets(self) -> None:
-        """The reduction buckets held now, where the step runs."""
-        if self._instruction in STEP_INSTRUCTIONS:
-            held = _on_device(reduction_buckets(self.optimizer), self.device_type)
-            self._step_buckets = max(self._step_buckets, held)
+        """The reduction buckets held now, where the step runs (inside ZeRO's step: an error is only recorded)."""
+        if self._instruction in STEP_INSTRUCTIONS and not self.faults.failed(MEMORY):
+            with self.faults.guard(MEMORY, self._instruction):
+                held = _on_device(reduction_buckets(self.optimizer), self.device_type)
+                self._step_buckets = max(self._step_buckets, held)
 
     @contextlib.contextmanager
     def instruction(self, name: str, buffer_id: Optional[int] = None) -> Iterator[None]:
@@ -220,11 +224,33 @@ class MemoryMeasurement:
         if name == "OptimizerStep":
             self._after_step = held_state(self.module, self.optimizer)
 
-    def stop(self) -> StageMemory:
-        """Every hook off; what was measured."""
-        self.kept.remove()
-        self._unwatch()
-        trace = self.recorder.stop()
+    def instruction_guarded(self, name: str, buffer_id: Optional[int] = None) -> ContextManager[None]:
+        """instruction(), with what it fails at recorded in the fault log: the instruction itself runs once, as
+        unmeasured, and raises what it raises; after a fault, the iteration's next instructions are not measured."""
+        return self.faults.around(MEMORY, name, lambda: self.instruction(name, buffer_id))
+
+    def _detach(self) -> Optional[AllocatorTrace]:
+        """Every hook off and the allocator's recording stopped, each tried whatever the others do, once: the
+        allocator's trace (None where it was not read)."""
+        if self._detached:
+            return None
+        self._detached = True
+        for undo in (self.kept.remove, self._unwatch):
+            with self.faults.guard(MEMORY, "stop"):
+                undo()
+        with self.faults.guard(MEMORY, "stop"):
+            return self.recorder.stop()
+        return None
+
+    def stop(self) -> Optional[StageMemory]:
+        """Every hook off; what was measured, or None where a part of it failed (the fault log says what)."""
+        trace = self._detach()
+        if not self.faults.failed(MEMORY):
+            with self.faults.guard(MEMORY, "stop"):
+                return self._measured(trace)
+        return None
+
+    def _measured(self, trace: Optional[AllocatorTrace]) -> StageMemory:
         before = self._before_step or held_state(self.module, self.optimizer)  # no step ran: as held now
         after = self._after_step or before
         kept = self.kept.result()

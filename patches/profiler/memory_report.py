@@ -5,6 +5,7 @@ The predicted peak is partition/memory_model.py's, for the layers the stage hold
 from typing import Dict, List, Optional, Tuple
 
 from patches.partition.memory_model import PositionMemory, stage_peak
+from patches.profiler.fail_safe import MEMORY
 
 
 def stage_memory(entry: dict, iteration: int) -> Optional[dict]:
@@ -59,8 +60,11 @@ _ALLOCATOR_FIELDS = ("start_bytes", "end_bytes", "base_bytes", "kept_bytes_per_m
 
 def per_gpu(entries: List[dict], step: int) -> Optional[Tuple[dict, dict]]:
     """(the stage's memory, the entry it came from): of the stage's tensor ranks, the largest predicted peak (or
-    state, where the allocator was not read); None where none measured memory. step: the profiled iteration (the
+    state, where the allocator was not read); None where none measured memory, or one's measurement failed
+    (fail_safe.py: the report names it). step: the profiled iteration (the
     memory was measured in the one that counted the FLOPs, the entry's counted_iteration, else in it)."""
+    if any(fault["part"] == MEMORY for entry in entries for fault in entry.get("faults") or ()):
+        return None  # a tensor rank whose measurement failed may hold the most: no figure stands for the stage
     candidates = [(memory, entry) for entry in entries
                   for memory in [stage_memory(entry, entry.get("counted_iteration") or step)] if memory is not None]
     if not candidates:

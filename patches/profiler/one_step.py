@@ -35,7 +35,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.profiler.attachment import EngineAttachment
 from patches.profiler.context import IterationTiming
 from patches.profiler.measurement import CountingPass, StageMeasurement
-from patches.profiler.sources import GatheredReports, say_on_rank_0, warn_on_rank_0
+from patches.profiler.sources import GatheredReports, say_on_rank_0, warn_on_rank_0, warned_not_built
 
 Result = TypeVar("Result")
 
@@ -252,12 +252,18 @@ class ProfileSchedule:
         self.clock.mark_perturbed(opened.iteration)
         if opened.role == COUNT:
             measurement.detach()
-            self._counted = CountingPass(opened.iteration, measurement.module_profiler, measurement.measured_memory)
+            self._counted = CountingPass(opened.iteration, measurement.module_profiler, measurement.measured_memory,
+                                         tuple(measurement.faults.faults))
             return None
         entry = measurement.finish()  # every hook off the engine; what it measured stays readable
         counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
-        reports = GatheredReports.gathered(measurement, entry, opened.iteration,
-                                           self._timing(opened.iteration, seconds, counting_s), self.counting_note)
+        try:
+            reports = GatheredReports.gathered(measurement, entry, opened.iteration,
+                                               self._timing(opened.iteration, seconds, counting_s), self.counting_note)
+        except Exception as error:
+            if not warned_not_built(error, f"no report of iteration {opened.iteration}"):
+                raise
+            return None
         counting = reports.ready()["flops_counting"]  # broadcast: every rank decides alike
         if counting["calls_differ"]:
             self._count_again(opened.iteration, counting["counted_iteration"], counting["calls_differ"])

@@ -67,6 +67,14 @@ def _invisible_attention_lines(report, line):
                                           "Triton, DeepSpeed's builder), its attention FLOPs left out (shown as >=)")]
 
 
+def _fault_lines(report, line):
+    """One line per part a rank could not measure (fail_safe.py), in the summary where a reader looks first."""
+    return [line("not measured", f"{fault['part']} of stage {fault['stage_id']} (rank {fault['global_rank']}): "
+                                 f"failed in {fault['where']}: {fault['error']} (the profiler's error: the "
+                                 "iteration ran on, the rest of this report stands)")
+            for fault in report.get("measurement_faults") or ()]
+
+
 def _perturbation_lines(report, line):
     """The profiled iteration, and the one that counted its FLOPs, against unprofiled ones of the same run: what
     profiling cost the run."""
@@ -152,6 +160,7 @@ def _summary(report):
         line("recompute flops of model", _flops_of_model(report, "recompute")),
         *_uncounted_lines(report, line),
         *_invisible_attention_lines(report, line),
+        *_fault_lines(report, line),
         line("fwd / bwd / recompute flops per GPU = flops of model / (pp * tp)",
              " / ".join(number_to_string(totals[k] / (pp * tp))
                         for k in ("fwd_flops", "bwd_flops", "recompute_flops"))),

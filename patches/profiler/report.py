@@ -402,6 +402,7 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "flops_counting": flops_counting(replica, int(context.step), context.counting_note),
         "uncounted_ops": _uncounted_ops(replica),
         "invisible_attention": _invisible_attention(replica),
+        "measurement_faults": measurement_faults(replica),
         "bounding_stage": bounding["stage_id"],
         "bubble": bubble_analysis(stages, compute_s, bounding, int(context.micro_batches), span,
                                   _schedule_of(replica)) if span else None,
@@ -414,6 +415,13 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "stragglers": straggler_view(samples, pp, dp),
         "notes": notes,
     }
+
+
+def measurement_faults(replica: List[dict]) -> List[dict]:
+    """What the reported ranks could not measure, and why (fail_safe.py), in rank order; [] where all was."""
+    return [dict(fault, global_rank=int(entry["global_rank"]), stage_id=int(entry["stage_id"]),
+                 tp_rank=int(entry["tp_rank"]))
+            for entry in sorted(replica, key=lambda e: e["global_rank"]) for fault in entry.get("faults") or ()]
 
 
 # A profiled iteration this much slower than the steady unprofiled ones was still warming up (the profiler's own

@@ -24,7 +24,14 @@ from patches.profiler import store_exchange
 from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
 from patches.profiler.entry import RankEntry
 from patches.profiler.files import write_text
-from patches.profiler.gather import GatherResult, ReportGroups, gather_replica, gather_report, rebuild_report
+from patches.profiler.gather import (
+    GatherResult,
+    ReportGroups,
+    gather_replica,
+    gather_report,
+    not_built_line,
+    rebuild_report,
+)
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.numbering import running_iteration
@@ -409,6 +416,17 @@ def warn_on_rank_0(line: str) -> None:
     """One warning line from global rank 0 (training goes on)."""
     if dist.get_rank() == 0:
         print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def warned_not_built(error: BaseException, what: str) -> bool:
+    """Whether `error` is a report that could not be built (gather.not_built_line), said then in one warning line
+    from global rank 0 (`what`: what is missing): the profiler's failure, which never ends a run. Every rank of
+    the report has such an error, so every rank goes on alike."""
+    line = not_built_line(error)
+    if line is None:
+        return False
+    warn_on_rank_0(f"FLOPs profiler: {what}: {line}; training goes on")
+    return True
 
 
 def say_on_rank_0(line: str) -> None:
