@@ -28,6 +28,7 @@ def group_of(path: str) -> str:
 _SHARES_RUNS = re.compile(r"^from tests\.helpers\.profiled_runs import .*\bprofiled_run\b", re.MULTILINE)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it installed, the tests run in one process
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scheduling by scope, with group_of's scopes. (Its `--dist loadgroup` reads xdist_group markers
     into node ids in a way pytest 9 no longer sees: each file's tests were split over the workers, and every
