@@ -23,6 +23,18 @@ from pathlib import Path
 import pytest
 
 from patches.profiler.printer import HEADER
+from tests.helpers.call_walk import (
+    PAGE,
+    Door,
+    crossings,
+    door_block,
+    page_core,
+    page_upstream_block,
+    page_walk,
+    walk_env,
+    with_upstream_block,
+    writing,
+)
 from tests.helpers.corpus import MERGE_FILE, VOCAB_FILE, preprocess_demo_corpus
 from tests.helpers.launch import REPO, explain, launch, read_losses
 from tests.helpers.torch_extensions import fresh_copy
@@ -72,11 +84,12 @@ def workdir(tmp_path_factory):
 
 
 def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.json", python=None,
-                 count_flops_of=None, checkpointing=True):
+                 count_flops_of=None, checkpointing=True, walk_into=None):
     """Upstream's pretrain_gpt.py from its tree under the deepspeed launcher; returns (process, losses).
     python: the interpreter of the environment to run in (default MEGATRON_DEEPSPEED_PYTHON). count_flops_of:
     an iteration torch's FlopCounterMode counts on every rank (the shim), read back by torch_flops(name).
-    checkpointing: model_flags'."""
+    checkpointing: model_flags'. walk_into: a directory where every process records the calls into patches/
+    (tests/helpers/call_walk.py), upstream's tree as the door's own code."""
     root, data_prefix = workdir
     record = root / f"{name}_losses.jsonl"
     args = model_flags(pp, tp, data_prefix, root / config, checkpointing) + list(extra)
@@ -89,6 +102,9 @@ def run_upstream(workdir, name, pp, tp, via_module, extra=(), config="ds_plain.j
     if count_flops_of is not None:
         env.update(UPSTREAM_FLOP_COUNT_RECORD=str(root / f"{name}_torch_flops"),
                    UPSTREAM_FLOP_COUNT_ITERATION=str(count_flops_of))
+    if walk_into is not None:
+        env.update(walk_env(walk_into, hosts=[Path(UPSTREAM)], root=Path(UPSTREAM), python_path=[SHIM],
+                            chain=SHIM / "sitecustomize.py"))
     process = launch(script[-1], pp * tp, args, cwd=UPSTREAM, timeout=600, env=env,
                      launcher=launcher, launcher_args=script[:-1])
     return process, read_losses(record)
@@ -239,6 +255,26 @@ def test_a_curriculum_run_is_reported_at_the_length_it_ran(workdir):
     assert "(the run changes its shapes between iterations: curriculum learning" in report["flops_counting"]["note"]
     assert f"iteration {PROFILE_STEP} will be profiled on every stage, its FLOPs counted in it (the run changes " \
            "its shapes between iterations: curriculum learning" in profiled.stdout
+
+
+def test_the_module_launch_is_walked_as_the_page_says(workdir):
+    """docs/architecture.md's measured walk (tests/test_walk.py) holds upstream's module launch, pp 2, profiled at
+    2, walked here where a tree is: its crossings beyond the page's core ($PATCHES_WRITE_WALK=1 writes them)."""
+    into = workdir[0] / "walk_upstream"
+    into.mkdir()
+    process, _ = run_upstream(workdir, "walked", 2, 1, via_module=True, walk_into=into, extra=[
+        "--profile-flops-step", PROFILE_STEP, "--profile-flops-output", workdir[0] / "walked_profile"])
+    assert process.returncode == 0, explain(process)
+    page, start, end = page_walk()
+    walk = page[start:end]
+    door = Door("upstream", "Upstream's module launch (`--module patches.launch`, `--profile-flops-step`)",
+                crossings(into))
+    block = door_block(door, page_core(walk))
+    if writing():
+        page_walk_written = with_upstream_block(walk, block)
+        PAGE.write_text(page[:start] + page_walk_written + page[end:])
+        return
+    assert page_upstream_block(walk) == block
 
 
 # Upstream's mixture of experts: DeepSpeed's gating helpers are wrapped by jit_script_compat, torch.compile on
