@@ -56,8 +56,8 @@ def _counting(engine, step, memory):
 
 def worker(shape, rounds):
     import patches
+    from patches.formats.units import bytes_to_string
     from patches.partition.memory_model import PositionMemory, stage_peak
-    from patches.profiler.units import bytes_to_string
 
     patches.apply()
     args = init_megatron(shape, PIPELINE)

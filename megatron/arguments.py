@@ -20,8 +20,8 @@ from megatron import upstream_flags
 from megatron.core.enums import ModelType
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
-from patches.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
-from patches.megatron_flags import add_profiler_flags, check_profiler_flags, memory_limit_of
+from patches.process.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
+from patches.to_megatron.megatron_flags import add_profiler_flags, check_profiler_flags, memory_limit_of
 
 EXIT_BAD_ARGS = EXIT_BAD_INPUT
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"

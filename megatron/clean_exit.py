@@ -1,4 +1,4 @@
-"""A run that finished exits 0: the fork's part of patches.clean_exit (which says why).
+"""A run that finished exits 0: the fork's part of patches.process.clean_exit (which says why).
 
 The patch set's teardown ends every process group before the interpreter finalizes and forgets the groups
 held by the profiler and by DeepSpeed; the fork adds its own layout (megatron.mpu), which the patch set
@@ -6,7 +6,7 @@ cannot know of (it never imports `megatron`).
 """
 import sys
 
-from patches import clean_exit
+from patches.process import clean_exit
 
 
 def release_layout() -> None:

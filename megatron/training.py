@@ -19,11 +19,11 @@ from megatron.optimizer import build_optimizer, global_params_norm, mark_tied_du
 from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
-from patches.errors import PatchConfigError
-from patches.megatron_door import MegatronDoor
-from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
+from patches.process.errors import PatchConfigError
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
 from patches.profiler.context import RunDescription
+from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
+from patches.to_megatron.megatron_door import MegatronDoor
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func=None,

@@ -35,17 +35,17 @@ def missing_attributes(requires) -> List[str]:
 
 
 def apply_to_this_run(argv: Optional[List[str]] = None) -> None:
-    """apply(), and the patches to the Megatron-DeepSpeed this process imports (patches.megatron_upstream):
+    """apply(), and the patches to the Megatron-DeepSpeed this process imports (patches.to_megatron.megatron_upstream):
     what `python -m patches.launch` does, as one line at the top of a user's own pretrain_gpt.py.
     argv: the script's arguments (default sys.argv[1:]), to know whether --profile-flops-step is asked for."""
     apply()
-    from patches import megatron_upstream
+    from patches.to_megatron import megatron_upstream
 
     megatron_upstream.install(sys.argv[1:] if argv is None else argv)
 
 
 def apply() -> None:
-    from patches.registry import REGISTRY
+    from patches.process.registry import REGISTRY
 
     if REGISTRY.applied:
         return
@@ -53,7 +53,8 @@ def apply() -> None:
 
     if deepspeed.__version__ not in TESTED_DEEPSPEED:
         _say(untested_version_warning(deepspeed.__version__))
-    from patches import (
+    from patches.partition import method as partition_method
+    from patches.to_deepspeed import (
         engine_methods,
         flops_profiler_class,
         flops_profiler_config,
@@ -62,7 +63,6 @@ def apply() -> None:
         section_timers,
         zero_pipeline_groups,
     )
-    from patches.partition import method as partition_method
 
     def missing_from(patch) -> bool:
         missing = missing_attributes(patch.requires())

@@ -7,8 +7,8 @@
 DeepSpeed's launcher with --module runs `python -u -m patches.launch --local_rank=N pretrain_gpt.py ...`; the
 script then sees `pretrain_gpt.py --local_rank=N ...`, as under a plain launch. The script runs as `__main__`
 with its own directory first on sys.path (its `megatron` is the user's), after the DeepSpeed patches
-(patches.apply) and the Megatron-DeepSpeed patches (patches.megatron_upstream) are in place; those register
-patches.clean_exit's teardown, so that a run that finished ends its process groups before the interpreter
+(patches.apply) and the Megatron-DeepSpeed patches (patches.to_megatron.megatron_upstream) are in place; those register
+patches.process.clean_exit's teardown, so that a run that finished ends its process groups before the interpreter
 finalizes (upstream's `pretrain` never does) instead of aborting at exit.
 """
 import os
@@ -16,7 +16,7 @@ import runpy
 import sys
 from typing import List, Tuple
 
-from patches.errors import PatchConfigError, exit_with_one_line
+from patches.process.errors import PatchConfigError, exit_with_one_line
 
 USAGE = "usage: python -m patches.launch [--local_rank=N] SCRIPT.py [script arguments ...]"
 

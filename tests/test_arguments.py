@@ -28,7 +28,8 @@ BAD_COMBINATIONS = [
     (["--seq-length", "32"], 1, "--seq-length 32 exceeds --max-position-embeddings 16"),
     (["--fp16", "--bf16"], 1, "--fp16 and --bf16 cannot both be set"),
     (["--no-pipeline-parallel", "--pipeline-model-parallel-size", "2"], 2, "--no-pipeline-parallel needs"),
-    # the profiler's flags are the patch set's (patches/megatron_flags.py): the same words as in upstream's run
+    # the profiler's flags are the patch set's (patches/to_megatron/megatron_flags.py): the same words as in
+    # upstream's run
     (["--profile-flops-step", "0"], 1, "--profile-flops-step 0 must be >= 1"),
     (["--profile-flops-step", "-3"], 1, "--profile-flops-step -3 must be >= 1"),
     (["--profile-flops-step", "two"], 1, "argument --profile-flops-step: invalid int value: 'two'"),

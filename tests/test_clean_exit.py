@@ -1,4 +1,4 @@
-"""patches.clean_exit: the teardown that ends a finished run's process groups before the interpreter finalizes
+"""patches.process.clean_exit: the teardown that ends a finished run's process groups before the interpreter finalizes
 (why: its docstring), registered by patches.launch for a user's own Megatron-DeepSpeed, and by our fork with its
 layout's release added. One in-process gloo group of one rank (a file store: no port, no process started)."""
 import json
@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import patches.profiler.gather as gather
 from megatron import clean_exit as fork_clean_exit
-from patches import clean_exit
+from patches.process import clean_exit
 from patches.profiler.attachment import attachment_of
 from tests.helpers.launch import REPO
 
@@ -78,7 +78,7 @@ def test_patches_launch_registers_the_teardown_once():
 _DATA_LOADER_AT_EXIT = """
 import json, sys, torch, torch.utils.data as data
 from torch.utils.data import _utils as data_utils
-from patches import clean_exit
+from patches.process import clean_exit
 data_utils.MP_STATUS_CHECK_INTERVAL = 0.2
 joins = []
 import multiprocessing.process as mp_process

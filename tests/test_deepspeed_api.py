@@ -5,9 +5,9 @@ import torch
 from deepspeed.profiling.config import DeepSpeedFlopsProfilerConfig
 
 import patches
-from patches import flops_profiler_config, pipeline_timers, section_timers
-from patches.errors import PatchConfigError
+from patches.process.errors import PatchConfigError
 from patches.profiler.module_profiler import ModuleProfiler
+from patches.to_deepspeed import flops_profiler_config, pipeline_timers, section_timers
 
 
 def _model():
@@ -73,7 +73,7 @@ def test_the_profiler_names_the_private_deepspeed_internals_an_engine_lacks():
         "PipelineEngine._INSTRUCTION_MAP", "PipelineModule.forward_funcs", "PipelineModule.tied_modules"]
     plain = EngineLayout(0, 0, 0, 1, 1, 1, is_pipeline=False)
     assert missing_internals(renamed, plain) == []  # its methods are wrapped once, at apply (engine_methods)
-    from patches import engine_methods
+    from patches.to_deepspeed import engine_methods
 
     assert [f"{owner.__name__}.{name}" for owner, name in engine_methods.requires()] == [
         "DeepSpeedEngine.__init__", "PipelineEngine.__init__", "PipelineEngine.train_batch",

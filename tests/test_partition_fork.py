@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from patches.errors import EXIT_BAD_INPUT
+from patches.formats.units import bytes_to_string
 from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.planner import no_fit_line, parse_size, plan_line, plan_of
-from patches.profiler.units import bytes_to_string
+from patches.process.errors import EXIT_BAD_INPUT
 from tests.helpers.flags import PP2
 from tests.helpers.launch import TORCHRUN, explain, run_pretrain
 from tests.helpers.profiled_runs import MEMORY_LIMIT, PROFILE_STEP, profiled_run

@@ -1,15 +1,15 @@
-"""The memory limit in a training process (patches/partition/method.py, patches/megatron_flags.py): where it comes
-from (--pp-partition-memory-limit, then $DS_PIPE_PARTITION_MEMORY_LIMIT, then the accelerator's memory; none on
-CPU), partition_method='profile' planning under it (a partition that cannot fit is planned, not refused: the
-training run warns and goes on), and the flag's checks. In process."""
+"""The memory limit in a training process (patches/partition/method.py, patches/to_megatron/megatron_flags.py):
+where it comes from (--pp-partition-memory-limit, then $DS_PIPE_PARTITION_MEMORY_LIMIT, then the accelerator's
+memory; none on CPU), partition_method='profile' planning under it (a partition that cannot fit is planned, not
+refused: the training run warns and goes on), and the flag's checks. In process."""
 import json
 from argparse import ArgumentParser
 
 import pytest
 
-from patches.errors import PatchConfigError
-from patches.megatron_flags import add_profiler_flags, check_profiler_flags, memory_limit_of
 from patches.partition.method import MEMORY_ENVIRONMENT, memory_limit, profiled_plan, use_memory_limit
+from patches.process.errors import PatchConfigError
+from patches.to_megatron.megatron_flags import add_profiler_flags, check_profiler_flags, memory_limit_of
 from tests.test_plan_partition_cli import small_report, small_report_with_memory
 
 TYPES = ["Layer"] * 4

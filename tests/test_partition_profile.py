@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from patches.errors import EXIT_BAD_INPUT
+from patches.process.errors import EXIT_BAD_INPUT
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 
 SCRIPT = REPO / "tests" / "scripts" / "profile_partition.py"

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-from patches import clean_exit
+from patches.process import clean_exit
 from patches.profiler.entry import RankEntry
 from patches.profiler.files import validate_report
 from patches.profiler.gather import ReportError, ReportGroups, gather_report

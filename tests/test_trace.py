@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
-from patches import clean_exit
+from patches.process import clean_exit
 from patches.profiler.files import validate_report
 from patches.profiler.gather import measure_clock_offset
 from patches.profiler.module_profiler import ModuleProfiler

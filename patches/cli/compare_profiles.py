@@ -17,7 +17,7 @@ import json
 import math
 import sys
 
-from patches.profiler.units import bytes_to_string, duration_to_string, flops_rate_to_string, number_to_string
+from patches.formats.units import bytes_to_string, duration_to_string, flops_rate_to_string, number_to_string
 
 
 def _fraction(value):

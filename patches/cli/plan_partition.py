@@ -17,12 +17,13 @@ import re
 import sys
 from typing import List, Optional
 
-from patches.errors import PatchConfigError
+from patches.formats.units import bytes_to_string, duration_to_string
 from patches.partition.memory_model import memory_terms_of
 from patches.partition.planner import no_fit_line, parse_size, plan_line, plan_of, read_report, what_if_line
-from patches.profiler.units import bytes_to_string, duration_to_string
+from patches.process.errors import PatchConfigError
 
-MEMORY_LIMIT_FLAG = "--pp-partition-memory-limit"  # as the Megatron flag (patches/megatron_flags.py) spells it
+# as the Megatron flag (patches/to_megatron/megatron_flags.py) spells it
+MEMORY_LIMIT_FLAG = "--pp-partition-memory-limit"
 
 
 def parse_parts(text: str, layers: int, pp: Optional[int]) -> List[int]:

@@ -17,8 +17,8 @@ import sys
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from patches.formats.units import flops_rate_to_string
 from patches.profiler.trace import INSTRUCTION_CATEGORY, module_category
-from patches.profiler.units import flops_rate_to_string
 
 # The parts of a stage's iteration, bottom to top, with their colours (shared by both panels).
 PARTS = (("forward", "#4c72b0"), ("backward", "#dd8452"), ("recompute", "#c44e52"),

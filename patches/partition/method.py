@@ -25,11 +25,11 @@ from typing import List, Optional, Tuple
 import torch.distributed as dist
 from deepspeed.runtime.pipe.module import PipelineModule
 
-from patches.errors import PatchConfigError
 from patches.partition.layers import layer_types
 from patches.partition.planner import no_fit_line, parse_size, plan_of, read_report
-from patches.profiler import store_exchange
-from patches.registry import REGISTRY
+from patches.process import store
+from patches.process.errors import PatchConfigError
+from patches.process.registry import REGISTRY
 
 WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
@@ -39,7 +39,7 @@ MEMORY_ENVIRONMENT = "DS_PIPE_PARTITION_MEMORY_LIMIT"
 
 
 def requires():
-    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds"), *store_exchange.requires()]
+    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds"), *store.requires()]
 
 
 def install():
@@ -128,7 +128,7 @@ def agreed_parts(report: Optional[str], parts: Optional[List[int]], error: Optio
         return parts
     REGISTRY.pipeline_modules_built += 1  # every rank builds its PipelineModules in the same order
     world = dist.get_world_size()
-    results = store_exchange.every_ranks(f"partition_profile/module{REGISTRY.pipeline_modules_built}", (parts, error))
+    results = store.every_ranks(f"partition_profile/module{REGISTRY.pipeline_modules_built}", (parts, error))
     failed = [other for other, (_, other_error) in enumerate(results) if other_error is not None]
     if failed:
         first = results[failed[0]][1]

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from patches.errors import PatchConfigError
+from patches.formats.units import bytes_to_string, duration_to_string
 from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
 from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
-from patches.profiler.units import bytes_to_string, duration_to_string
+from patches.process.errors import PatchConfigError
 
 DEVICE = "device"  # a limit's source: the accelerator's total memory (the others: 'flag', 'environment')
 # peak(stage, first, stop): the predicted memory peak of stage `stage` holding layers first .. stop - 1

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional, Union
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.formats.units import duration_to_string, number_to_string, params_to_string
 from patches.profiler.files import write_json, write_trace
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
@@ -22,7 +23,6 @@ from patches.profiler.sources import (
     print_report,
     warned_not_built,
 )
-from patches.profiler.units import duration_to_string, number_to_string, params_to_string
 
 
 class ProfilerAPI:

@@ -1,19 +1,19 @@
 """The one thing the patch set keeps on a DeepSpeed engine: `engine.flops_profiling`, an EngineAttachment.
 
-The class-level wrappers of the engine's methods (patches/engine_methods.py, patches/pipeline_timers.py) read it
-to know what runs on this engine; the doors write to it what they bring (a schedule, a run description); a
-measurement puts itself there while it is attached. It holds no behaviour: whoever acts on an engine reads it
-and calls down.
+The class-level wrappers of the engine's methods (patches/to_deepspeed/engine_methods.py,
+patches/to_deepspeed/pipeline_timers.py) read it to know what runs on this engine; the doors write to it what they
+bring (a schedule, a run description); a measurement puts itself there while it is attached. It holds no
+behaviour: whoever acts on an engine reads it and calls down.
 """
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Set, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.process.registry import REGISTRY
 from patches.profiler.context import RunDescription
 from patches.profiler.gather import ReportGroups
 from patches.profiler.layout import runs_a_schedule
-from patches.registry import REGISTRY
 
 ATTRIBUTE = "flops_profiling"
 

@@ -107,8 +107,8 @@ class ReportContext:
 def _memory_limit():
     """partition/method.memory_limit, for the report's plan; a bad $DS_PIPE_PARTITION_MEMORY_LIMIT (which stops a
     'profile' partition and a Megatron run's flag check) leaves the report's plan without a limit."""
-    from patches.errors import PatchConfigError
     from patches.partition.method import memory_limit
+    from patches.process.errors import PatchConfigError
 
     try:
         return memory_limit()

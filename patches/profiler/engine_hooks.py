@@ -7,8 +7,8 @@
   module hook sees: each is swapped for a proxy that runs it under the tied module's scope.
 Removing restores every attribute and list entry as it was; deleting the instance attribute uncovers the
 class's map again. The engine's own methods are never shadowed: their one class-level wrapper
-(patches/engine_methods.py) hands train_batch to time_train_batch, and a plain engine's forward, backward and
-step to the instruction timer (InstructionTimer.run), while this engine's measurement is attached.
+(patches/to_deepspeed/engine_methods.py) hands train_batch to time_train_batch, and a plain engine's forward,
+backward and step to the instruction timer (InstructionTimer.run), while this engine's measurement is attached.
 """
 import contextlib
 import functools

@@ -13,9 +13,9 @@ to change its shapes between iterations (curriculum learning), or where N-1 did 
 first iteration, or the run resumed at N). Where N turns out to have run other module calls or shapes than
 N-1, N's figures would be N-1's: it is not reported, and N+1 is profiled instead, counting in itself.
 
-The doors: the Megatron training loops (patches/megatron_door.py: our fork's train() and upstream's patched
+The doors: the Megatron training loops (patches/to_megatron/megatron_door.py: our fork's train() and upstream's patched
 train_step) run each iteration through run(); the DeepSpeed config's flops_profiler section
-(patches/flops_profiler_config.py) runs a PipelineEngine's train_batch through run(), and a plain engine's
+(patches/to_deepspeed/flops_profiler_config.py) runs a PipelineEngine's train_batch through run(), and a plain engine's
 step from its first forward (begin) to the step() that ends it (end). Each door delivers what end() returns;
 the schedule calls nothing of theirs but the iteration itself.
 

@@ -1,4 +1,11 @@
 """The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+from patches.formats.units import (
+    bytes_to_string,
+    duration_to_string,
+    flops_rate_to_string,
+    number_to_string,
+    params_to_string,
+)
 from patches.partition.planner import plan_line
 from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
@@ -11,13 +18,6 @@ from patches.profiler.notes import (
 )
 from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
-from patches.profiler.units import (
-    bytes_to_string,
-    duration_to_string,
-    flops_rate_to_string,
-    number_to_string,
-    params_to_string,
-)
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78

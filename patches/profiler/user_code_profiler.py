@@ -25,11 +25,11 @@ import torch
 from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.process.registry import pipeline_engine_of
 from patches.profiler.api import ProfilerAPI
 from patches.profiler.layout import runs_a_schedule
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.sources import LocalReport, ProfileIncomplete, PublishedReports
-from patches.registry import pipeline_engine_of
 
 __all__ = ["ProfileIncomplete", "UserCodeFlopsProfiler"]
 

@@ -7,7 +7,7 @@ import deepspeed
 import torch
 
 import patches
-from patches import clean_exit
+from patches.process import clean_exit
 
 
 def start_patched_gloo_run(seed=0):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.utils import groups
 
-from patches import clean_exit
+from patches.process import clean_exit
 
 WIDTH = 8
 MICRO = 2

@@ -1,6 +1,6 @@
 """A plain DeepSpeed pipeline whose last layer is much heavier than the others, cut by DeepSpeed's own methods or by
 partition_method='profile' (patches/partition/method.py), trained with Adam, and resumed across partitions
-(patches/pipeline_checkpoint.py).
+(patches/to_deepspeed/pipeline_checkpoint.py).
 
     python profile_partition.py MODE[+MODE...] OUT_DIR CONFIG
 

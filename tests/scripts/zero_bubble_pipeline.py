@@ -110,7 +110,8 @@ def use_zero_bubble_schedule():
 
 def main():
     modes, out_dir, config_pattern = sys.argv[-3:]
-    # the DeepSpeed patches, upstream's WeightGradStore handed to the profiler, patches.clean_exit's teardown at exit
+    # the DeepSpeed patches, upstream's WeightGradStore handed to the profiler, patches.process.clean_exit's
+    # teardown at exit
     patches.apply_to_this_run([])
     deepspeed.init_distributed(dist_backend="gloo")
     for mode in modes.split("+"):

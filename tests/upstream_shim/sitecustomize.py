@@ -2,14 +2,14 @@
 a recorder of its exact losses, and torch's own FLOP count of one of its iterations. Not part of the patch set.
 
 Python imports this file at start-up when tests/upstream_shim is on PYTHONPATH (the upstream tier's launches
-put it there). Each fix is applied right after the one module it fixes is imported (patches.import_hooks),
+put it there). Each fix is applied right after the one module it fixes is imported (patches.process.import_hooks),
 so a process that never imports that module is untouched; each names its gap.
 """
 import functools
 import json
 import os
 
-from patches.import_hooks import after_import
+from patches.process.import_hooks import after_import
 
 
 def _cpu_stream_factory(module):
@@ -44,7 +44,7 @@ def _record_losses(module):
         return
     original = module.train_step
 
-    @functools.wraps(original)  # its signature stays upstream's, which patches.megatron_upstream checks
+    @functools.wraps(original)  # its signature stays upstream's, which patches.to_megatron.megatron_upstream checks
     def train_step(*args, **kwargs):
         result = original(*args, **kwargs)
         from megatron.global_vars import get_args

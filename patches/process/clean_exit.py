@@ -46,7 +46,7 @@ def release_group_references() -> None:
     """Forget the groups held outside torch's registry: the profiler's report groups (on every engine's
     attachment, which may outlive the run: an engine the script still reaches) and DeepSpeed's module globals.
     A module never imported holds none (and importing DeepSpeed at exit would cost seconds)."""
-    registry = sys.modules.get("patches.registry")
+    registry = sys.modules.get("patches.process.registry")
     if registry is not None:
         for attachment in list(registry.REGISTRY.attachments):
             attachment.report_groups = None

@@ -10,8 +10,8 @@ import functools
 
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from patches.flops_profiler_config import wants_profiler
 from patches.profiler.attachment import attached
+from patches.to_deepspeed.flops_profiler_config import wants_profiler
 
 WHAT_IT_FIXES = "PipelineEngine's backward timers started twice under wall_clock_breakdown"
 

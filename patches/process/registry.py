@@ -28,7 +28,7 @@ class RunSettings:
 @dataclass
 class Registry:
     applied: bool = False  # patches.apply() ran
-    megatron_patched: bool = False  # patches.megatron_upstream.install() ran
+    megatron_patched: bool = False  # patches.to_megatron.megatron_upstream.install() ran
     settings: RunSettings = field(default_factory=RunSettings)
     engines_built: int = 0
     pipeline_modules_built: int = 0

@@ -13,10 +13,10 @@ FlopsProfiler, unchanged; so does get_model_profile.
 """
 from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler
 
-from patches.profiler import store_exchange
+from patches.process import store
+from patches.process.registry import pipeline_engine_of, register_pipeline
 from patches.profiler.attachment import EngineAttachment
 from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
-from patches.registry import pipeline_engine_of, register_pipeline
 
 WHAT_IT_FIXES = "FlopsProfiler(model[0]) on a PipelineEngine"
 
@@ -24,7 +24,7 @@ WHAT_IT_FIXES = "FlopsProfiler(model[0]) on a PipelineEngine"
 def requires():
     return [(FlopsProfiler, name) for name in ("start_profile", "stop_profile", "end_profile", "print_model_profile",
                                                "print_model_aggregated_profile", "get_total_flops")] + \
-        store_exchange.requires()
+        store.requires()
 
 
 def install():

@@ -5,7 +5,7 @@ Upstream is recognized by what it has, not by its name; each part names what it 
 - `megatron.training.train_step(forward_step_func, data_iterator, model, optimizer, ...)`, called by `train()`
   after it sets `args.curr_iteration`: the iteration asked for runs under the profiler on every rank;
 - `megatron.global_vars.get_args()` (and `get_tensorboard_writer()`, where it exists).
-Upstream's `pretrain` never ends its process groups: patches.clean_exit's teardown is registered to run at exit,
+Upstream's `pretrain` never ends its process groups: patches.process.clean_exit's teardown is registered to run at exit,
 so that a run that finished does not abort in gloo's threads while the interpreter finalizes.
 Nothing else of the user's Megatron is changed: an unprofiled iteration calls their own train_step.
 
@@ -23,11 +23,16 @@ from argparse import Namespace
 from types import ModuleType
 from typing import Callable, List, Optional
 
-from patches import clean_exit
-from patches.errors import PatchConfigError, exit_with_one_line
-from patches.import_hooks import after_import
-from patches.megatron_flags import PROFILE_STEP_FLAG, add_profiler_flags, check_profiler_flags, memory_limit_of
-from patches.registry import REGISTRY
+from patches.process import clean_exit
+from patches.process.errors import PatchConfigError, exit_with_one_line
+from patches.process.import_hooks import after_import
+from patches.process.registry import REGISTRY
+from patches.to_megatron.megatron_flags import (
+    PROFILE_STEP_FLAG,
+    add_profiler_flags,
+    check_profiler_flags,
+    memory_limit_of,
+)
 
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
 # Where upstream's zero-bubble schedule keeps the weight-gradient GEMMs it defers out of the backward pass.
@@ -151,7 +156,7 @@ class UpstreamRun:
         upstream's parsed arguments; say(line), upstream's print_rank_0, tells what it will profile, as the fork's
         train() does."""
         if self.door is None:
-            from patches.megatron_door import MegatronDoor
+            from patches.to_megatron.megatron_door import MegatronDoor
 
             get_writer = getattr(global_vars, "get_tensorboard_writer", None)
             self.door = MegatronDoor(args, functools.partial(_describe_run, args), first_done=iteration - 1,
@@ -189,8 +194,8 @@ class UpstreamRun:
         """work, handed to the measurement whose module's backward is running it now (deferred_backward gives back
         another callable only there): the engine train_step trains first, then any other engine measuring (one
         driven by the config section or by user code, outside upstream's train_step). Else work itself."""
+        from patches.process.registry import REGISTRY
         from patches.profiler.attachment import attached
-        from patches.registry import REGISTRY
 
         engine = self.trained() if self.trained is not None else None
         trained = attached(engine) if engine is not None else None
@@ -226,7 +231,7 @@ def _parse_args_with_profiler_flags(original: Callable) -> Callable:
         except PatchConfigError as error:
             exit_with_one_line(str(error))
         from patches.partition.method import use_for_every_pipeline, use_memory_limit
-        from patches.pipeline_checkpoint import drop_optimizer_state_across_partitions
+        from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
 
         use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method
         use_memory_limit(memory_limit_of(parsed))  # checked above: a size or None

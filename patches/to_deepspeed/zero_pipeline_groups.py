@@ -18,15 +18,15 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
-from patches.errors import PatchConfigError
-from patches.profiler import store_exchange
+from patches.process import store
+from patches.process.errors import PatchConfigError
 from patches.profiler.attachment import EngineAttachment
 
 WHAT_IT_FIXES = "ZeRO stage 1 on pipeline stages with unequal optimizer parameter groups (a hang)"
 
 
 def requires():
-    return [(PipelineEngine, "__init__"), *store_exchange.requires()]
+    return [(PipelineEngine, "__init__"), *store.requires()]
 
 
 def engine_built(engine, attachment: EngineAttachment):
@@ -42,7 +42,7 @@ def engine_built(engine, attachment: EngineAttachment):
 def check_equal_groups(name: str, stage: int, groups: int, zero_stage: int) -> None:
     """Every rank of the world: publish (stage, groups), read everyone's, refuse unequal counts in one line."""
     by_stage: Dict[int, int] = {}
-    for other_stage, other_groups in store_exchange.every_ranks(f"zero_pipeline_groups/{name}", (stage, groups)):
+    for other_stage, other_groups in store.every_ranks(f"zero_pipeline_groups/{name}", (stage, groups)):
         by_stage.setdefault(other_stage, other_groups)
     message = unequal_groups_message(by_stage, zero_stage)
     if message is not None:

@@ -1,5 +1,5 @@
 """The profiler's flags for a Megatron argument parser, defined once: our GPT fork's parser and upstream
-Megatron-DeepSpeed's (through patches.megatron_upstream) both add them here and check them here.
+Megatron-DeepSpeed's (through patches.to_megatron.megatron_upstream) both add them here and check them here.
 
     --profile-flops-step N       profile iteration N on every stage and print one gathered report
     --profile-flops-output DIR   where flops_profile_stepN.json and pipeline_trace_stepN.json go
@@ -15,7 +15,7 @@ import tempfile
 from argparse import ArgumentParser, Namespace
 from typing import Any, Optional
 
-from patches.errors import PatchConfigError
+from patches.process.errors import PatchConfigError
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNTING_CHOICES
 
 PROFILE_STEP_FLAG = "--profile-flops-step"

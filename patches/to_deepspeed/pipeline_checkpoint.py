@@ -21,8 +21,8 @@ import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.module import PipelineModule
 
-from patches.errors import PatchConfigError
-from patches.registry import REGISTRY
+from patches.process.errors import PatchConfigError
+from patches.process.registry import REGISTRY
 
 WHAT_IT_FIXES = "a pipeline checkpoint resumed under another partition"
 PARTS_KEY = "pipeline_parts"

@@ -31,7 +31,7 @@ import deepspeed.runtime.engine as ds_engine
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from patches.errors import PatchConfigError
+from patches.process.errors import PatchConfigError
 from patches.profiler.attachment import EngineAttachment
 from patches.profiler.numbering import DEEPSPEED_NUMBERING, running_iteration
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNT_IN_PROFILED, ProfileSchedule
