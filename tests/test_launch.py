@@ -219,7 +219,7 @@ def test_upstream_runs_whose_shapes_change_are_known_before_they_start(tmp_path)
     profiled iteration; the report's sequence length is the one the iteration ran."""
     from argparse import Namespace
 
-    from patches.to_megatron.megatron_upstream import iteration_seq_length, shapes_change
+    from patches.to_megatron.upstream_run import iteration_seq_length, shapes_change
 
     config = tmp_path / "ds.json"
     config.write_text('{"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"}}')

@@ -6,13 +6,12 @@ bring (a schedule, a run description); a measurement puts itself there while it 
 behaviour: whoever acts on an engine reads it and calls down.
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Set, TypeVar
+from typing import Callable, Optional, Protocol, Set, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.process.registry import REGISTRY
 from patches.profiler.context import RunDescription
-from patches.profiler.gather import ReportGroups
 from patches.profiler.layout import runs_a_schedule
 
 ATTRIBUTE = "flops_profiling"
@@ -28,6 +27,22 @@ class AttachedMeasurement(Protocol):
     def deferred_backward(self, work: Callable[..., Result]) -> Callable[..., Result]: ...
 
 
+class Publisher(Protocol):
+    """What the train_batch wrapper asks of the user's pipeline profiler (sources.PublishedReports)."""
+
+    def publish(self) -> None: ...  # the measured train_batch has returned: its stage's part goes to the store
+
+
+class IterationRunner(Protocol):
+    """What the engine's method wrappers ask of the DeepSpeed config section's door
+    (flops_profiler_config.SectionDoor): a PipelineEngine's train_batch, a plain engine's forward ... step."""
+
+    def run_batch(self, engine: DeepSpeedEngine, train_batch: Callable[[], Result]) -> Result: ...
+    def before_forward(self, engine: DeepSpeedEngine) -> None: ...
+    def after_step(self, engine: DeepSpeedEngine) -> None: ...
+    def abandon(self) -> None: ...
+
+
 @dataclass(eq=False)
 class EngineAttachment:
     """What the patch set knows of one engine and has attached to it."""
@@ -38,14 +53,16 @@ class EngineAttachment:
     measurement: Optional[AttachedMeasurement] = None
     # Publishes the attached measurement when the measured train_batch returns: the user's own FlopsProfiler code
     # on a PipelineEngine (sources.PublishedReports); None otherwise.
-    publisher: Optional[Any] = None
+    publisher: Optional[Publisher] = None
     # The DeepSpeed config's flops_profiler section (flops_profiler_config.SectionDoor), where it serves this
     # engine: None where it is off, or where a training loop's --profile-flops-step took the engine over.
-    section: Optional[Any] = None
+    section: Optional[IterationRunner] = None
     # What the training loop knows of its run (the Megatron door's describe): for the reports it does not ask for
     # itself (the config section's, the user's FlopsProfiler code's). None: a run nothing is known of.
     describe: Optional[Callable[[DeepSpeedEngine], RunDescription]] = None
-    report_groups: Optional[ReportGroups] = None  # the gloo groups of this engine's reports, made once
+    # The gloo groups of this engine's reports (gather.ReportGroups), made once by the first report: held here,
+    # never used here (the report's gather reads them; the clean exit lets them go).
+    report_groups: Optional[object] = None
     # Wall-clock timers the running pipeline instruction started, left to it (pipeline_timers.py)
     timers_left_to_instruction: Set[str] = field(default_factory=set)
 

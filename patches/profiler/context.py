@@ -97,11 +97,15 @@ class ReportContext:
         device = get_accelerator().device_name()
         device_name = torch.cuda.get_device_name() if device == "cuda" else device
         peak = run.peak_tflops if run.peak_tflops is not None else peak_tflops_for(device_name, dtype)
-        return cls(int(step), layout.world_size, layout.pp, layout.tp, layout.dp,
-                   configured if micro_batches is None else micro_batches,
-                   engine.train_micro_batch_size_per_gpu(), checkpointing, device_name, dtype, peak, run, timing,
-                   getattr(engine, "skipped_steps", 0) > skipped_steps_before, collection_note, clock_note,
-                   counting_note, *_memory_limit())
+        limit_bytes, limit_source = _memory_limit()
+        return cls(step=int(step), world_size=layout.world_size, pipeline_parallel_size=layout.pp,
+                   tensor_parallel_size=layout.tp, data_parallel_size=layout.dp,
+                   micro_batches=configured if micro_batches is None else micro_batches,
+                   micro_batch_size=engine.train_micro_batch_size_per_gpu(), activation_checkpointing=checkpointing,
+                   device_name=device_name, dtype=dtype, peak_tflops=peak, run=run, timing=timing,
+                   optimizer_step_skipped=getattr(engine, "skipped_steps", 0) > skipped_steps_before,
+                   collection_note=collection_note, clock_note=clock_note, counting_note=counting_note,
+                   memory_limit_bytes=limit_bytes, memory_limit_source=limit_source)
 
 
 def _memory_limit():

@@ -250,14 +250,16 @@ class StageMeasurement:
         _annotate_replicated_params(module, tree)
         events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.hooks.instructions.events]
         parts = [int(part) for part in getattr(module, "parts", None) or []] or None
-        return RankEntry(dist.get_rank(), layout.stage, layout.tp_rank, layout.dp_rank, tree,
-                         self.hooks.instructions.as_dict(), self.train_batch_s(), peak, events,
-                         [asdict(op) for op in measured.uncounted_ops], counted, list(self.calls_differ),
-                         self.hooks.schedule, measured.invisible_attention, stage_layers(module, layout.stage),
-                         parts, memory=memory.as_dict() if memory is not None else None,
-                         faults=[fault.as_dict() for fault in faults],
-                         gc=dict(measured.gc.as_dict(), in_compute_s=self.hooks.instructions.paused_in(
-                             FORWARD_INSTRUCTIONS + BACKWARD_INSTRUCTIONS)))
+        gc = dict(measured.gc.as_dict(),
+                  in_compute_s=self.hooks.instructions.paused_in(FORWARD_INSTRUCTIONS + BACKWARD_INSTRUCTIONS))
+        return RankEntry(
+            global_rank=dist.get_rank(), stage_id=layout.stage, tp_rank=layout.tp_rank, dp_rank=layout.dp_rank,
+            modules=tree, instructions=self.hooks.instructions.as_dict(), train_batch_latency_s=self.train_batch_s(),
+            peak_memory_bytes=peak, events=events, uncounted_ops=[asdict(op) for op in measured.uncounted_ops],
+            counted_iteration=counted, calls_differ=list(self.calls_differ), schedule=self.hooks.schedule,
+            invisible_attention=measured.invisible_attention, layers=stage_layers(module, layout.stage), parts=parts,
+            memory=memory.as_dict() if memory is not None else None, gc=gc,
+            faults=[fault.as_dict() for fault in faults])
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""

@@ -1,0 +1,46 @@
+"""Upstream Megatron-DeepSpeed's parse_args with the profiler's flags: added to its parser, checked once parsed
+(one line and exit 2 on a bad one), and what they set for every pipeline of the run (the partition from a profile,
+the memory limit, optimizer state across partitions)."""
+import functools
+from argparse import Namespace
+from typing import Callable
+
+from patches.process.errors import PatchConfigError, exit_with_one_line
+from patches.to_megatron.megatron_flags import (
+    PROFILE_STEP_FLAG,
+    add_profiler_flags,
+    check_profiler_flags,
+    memory_limit_of,
+)
+
+
+def check_upstream_profiler_flags(args: Namespace) -> None:
+    """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run."""
+    if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
+        raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
+    check_profiler_flags(args)
+
+
+def parse_args_with_profiler_flags(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def parse_args(extra_args_provider=None, *args, **kwargs):
+        def provider(parser):
+            if extra_args_provider is not None:
+                parser = extra_args_provider(parser)
+            add_profiler_flags(parser)
+            return parser
+
+        parsed = original(provider, *args, **kwargs)
+        try:
+            check_upstream_profiler_flags(parsed)
+        except PatchConfigError as error:
+            exit_with_one_line(str(error))
+        from patches.partition.method import use_for_every_pipeline, use_memory_limit
+        from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
+
+        use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method
+        use_memory_limit(memory_limit_of(parsed))  # checked above: a size or None
+        drop_optimizer_state_across_partitions(getattr(parsed, "no_load_optim", False))
+        return parsed
+
+    return parse_args
