@@ -250,3 +250,21 @@ def test_odd_tensors_alive_and_a_memory_measurement_failing_on_one_rank_leave_th
     said = [" ".join(line.split()) for line in profiled.stdout.splitlines() if line.startswith("not measured:")]
     assert said == ["not measured: memory of stage 1 (rank 1): failed in ForwardPass: RuntimeError: injected fault "
                     "on rank 1 (the profiler's error: the iteration ran on, the rest of this report stands)"]
+
+
+# ---------------------------------------------------------------- a FLOP formula that fails
+def test_an_op_whose_formula_raises_runs_once_and_is_listed_uncounted():
+    from patches.profiler.flop_counting import FlopCountingMode
+
+    credited, uncounted = [], []
+    mode = FlopCountingMode(credited.append, uncounted.append, lambda func: None)
+
+    def failing_formula(*args, out_val=None):
+        raise TypeError("a shape it cannot read")
+    mode.formulas[torch.ops.aten.mm.default] = failing_formula
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with mode:
+        product = torch.mm(a, b)
+        total = product.sum()
+    assert torch.equal(product, a @ b) and torch.equal(total, (a @ b).sum())
+    assert uncounted == [torch.ops.aten.mm.default] and credited == []

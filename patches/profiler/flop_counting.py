@@ -115,8 +115,9 @@ def _has_composite_kernel(func):
 
 class FlopCountingMode(TorchDispatchMode):
     """Runs every aten op, and hands what it counted to three callables: credit(flops) for an op with a
-    formula, uncounted(func) for a matrix-class op without one, value_dependent(func) for an op whose FLOPs
-    read tensor values. Plain bound methods, called directly: this is the profiler's per-op path."""
+    formula, uncounted(func) for a matrix-class op without one (or whose formula raised on its arguments: the
+    op still runs, once, as it would), value_dependent(func) for an op whose FLOPs read tensor values. Plain
+    bound methods, called directly: this is the profiler's per-op path."""
 
     @classmethod
     def _should_skip_dynamo(cls):
@@ -152,7 +153,11 @@ class FlopCountingMode(TorchDispatchMode):
         if formula is UNCOUNTED:
             self.uncounted(func)
         elif formula is not None:
-            flops = formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out)
+            try:
+                flops = formula(*args, **kwargs, out_val=out) if kwargs else formula(*args, out_val=out)
+            except Exception:  # a formula that cannot read these arguments: the op is listed, never the run's end
+                self.uncounted(func)
+                return out
             if flops:
                 self.credit(flops)
             if formula in VALUE_DEPENDENT_FORMULAS:
