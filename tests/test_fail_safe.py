@@ -268,3 +268,29 @@ def test_an_op_whose_formula_raises_runs_once_and_is_listed_uncounted():
         total = product.sum()
     assert torch.equal(product, a @ b) and torch.equal(total, (a @ b).sum())
     assert uncounted == [torch.ops.aten.mm.default] and credited == []
+
+
+# ---------------------------------------------------------------- a module hook that fails
+def test_a_module_hook_that_fails_leaves_the_work_as_it_was_and_no_results(monkeypatch):
+    from patches.profiler.module_hooks import ModuleHooks, ModuleHooksFailed
+    from patches.profiler.module_profiler import ModuleProfiler
+
+    plain = _train(Layers(), lambda out: None)
+    stage = Layers()
+    profiler = ModuleProfiler.started(stage)
+    original, entered = ModuleHooks.enter, []
+
+    def enter(self, node, args, kwargs):
+        entered.append(node.path)
+        if len(entered) == 3:
+            raise RuntimeError("a call it cannot describe")
+        return original(self, node, args, kwargs)
+    monkeypatch.setattr(ModuleHooks, "enter", enter)
+    measured = _train(stage, lambda out: None)
+    for got, want in zip(measured, plain):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(entered) == 3  # inert after the failure
+    with pytest.raises(ModuleHooksFailed, match="the module profiler's forward pre-hook of 1 raised RuntimeError: "
+                                                "a call it cannot describe"):
+        profiler.finish()
+    assert not stage._forward_pre_hooks and not stage._forward_hooks

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from patches.profiler.fail_safe import error_line
 from patches.profiler.flop_formulas import MATRIX
 from patches.profiler.module_tree import ModuleNode
 from patches.profiler.phase_stack import Entry, PhaseStack
@@ -49,10 +50,16 @@ class ModuleCall:
         self.pending_bwd = None  # (counter list, flops) of a module formula, credited when backward runs
 
 
+class ModuleHooksFailed(RuntimeError):
+    """A hook of the module profiler raised (its first error, where): what it measured cannot be reported."""
+
+
 class ModuleHooks:
     """The forward hooks of every module of the tree, and the autograd hooks they place while measuring.
 
-    `measuring` is False between stop() and start(): every hook then returns at once."""
+    `measuring` is False between stop() and start(): every hook then returns at once. A hook that raises does
+    not raise into the user's forward or backward: measuring stops, and `failure` says where and why (the
+    module profiler's results raise it, so that no report is built of what was half measured)."""
 
     def __init__(self, pairs: List[Tuple[torch.nn.Module, ModuleNode]], stack: PhaseStack):
         self._pairs = pairs
@@ -63,6 +70,7 @@ class ModuleHooks:
         self._module_hooks = []
         self._graph_hooks = []  # hooks on autograd nodes and tensors made while measuring
         self._watched_tasks = set()  # graph tasks with an end callback queued
+        self.failure: Optional[str] = None  # the first hook's error, where it happened
 
     def start(self) -> None:
         """Install the module hooks (once) and measure every call from now on."""
@@ -129,17 +137,29 @@ class ModuleHooks:
             node.open_calls.clear()
 
     # ------------------------------------------------------------------ forward / recompute calls
+    def fail(self, where: str, error: Exception) -> None:
+        """A hook raised: every hook inert from now on, the first error kept."""
+        self.measuring = False
+        if self.failure is None:
+            self.failure = f"the module profiler's {where} raised {error_line(error)}"
+
     def _on_forward_pre(self, node, module, args, kwargs):
         if self.measuring:
-            self.enter(node, args, kwargs)
+            try:
+                self.enter(node, args, kwargs)
+            except Exception as error:
+                self.fail(f"forward pre-hook of {node.path}", error)
 
     def _on_forward_post(self, node, module, args, output):
         if not self.measuring or not node.open_calls:
             return
-        call = node.open_calls[-1]
-        self.exit(call, output)
-        if node.formula is not None and output is not None:
-            self._count_module_formula(node, call, module, args, output)
+        try:
+            call = node.open_calls[-1]
+            self.exit(call, output)
+            if node.formula is not None and output is not None:
+                self._count_module_formula(node, call, module, args, output)
+        except Exception as error:
+            self.fail(f"forward hook of {node.path}", error)
 
     def _count_module_formula(self, node, call, module, args, output):
         formula = node.formula
@@ -153,6 +173,12 @@ class ModuleHooks:
     def _on_outputs_grad(self, call, grad_outputs):
         if not self.measuring:
             return
+        try:
+            self._backward_starts(call)
+        except Exception as error:
+            self.fail(f"backward hook of {call.node.path}", error)
+
+    def _backward_starts(self, call):
         task = _graph_task_id()
         if call.bwd_done_task == task or (call.bwd_entry is not None and call.bwd_entry.live):
             return  # an identity module (its inputs' gradients came first), or already running
@@ -170,6 +196,12 @@ class ModuleHooks:
     def _on_input_grad(self, call, grad):
         if not self.measuring:
             return
+        try:
+            self._input_gradient(call)
+        except Exception as error:
+            self.fail(f"input-gradient hook of {call.node.path}", error)
+
+    def _input_gradient(self, call):
         task = _graph_task_id()
         seen_task, count = call.input_grads
         count = count + 1 if seen_task == task else 1
@@ -184,7 +216,10 @@ class ModuleHooks:
         """End of a graph task (a backward call, or a reentrant checkpoint's inner backward)."""
         self._watched_tasks.discard(task)
         if self.measuring:
-            self._stack.close_task(task)
+            try:
+                self._stack.close_task(task)
+            except Exception as error:
+                self.fail("end-of-backward callback", error)
 
 
 class _ScopedCall:
@@ -202,12 +237,19 @@ class _ScopedCall:
         hooks = self.hooks
         if not hooks.measuring:
             return self.fn(self.module, *args, **kwargs)
-        call = hooks.enter(self.node, args, kwargs)
+        try:
+            call = hooks.enter(self.node, args, kwargs)
+        except Exception as error:
+            hooks.fail(f"call of {self.node.path}", error)
+            return self.fn(self.module, *args, **kwargs)
         output = None
         try:
             output = self.fn(self.module, *args, **kwargs)
         finally:
-            hooks.exit(call, output)
+            try:
+                hooks.exit(call, output)
+            except Exception as error:
+                hooks.fail(f"call of {self.node.path}", error)
         return output
 
 

@@ -38,7 +38,7 @@ import torch
 
 from patches.profiler.flop_counting import FlopCountingMode, FlopCredits, UncountedOp
 from patches.profiler.gc_pauses import GcPauses, GcSummary
-from patches.profiler.module_hooks import ModuleHooks
+from patches.profiler.module_hooks import ModuleHooks, ModuleHooksFailed
 from patches.profiler.module_tree import ModuleEvent, ModuleTree
 from patches.profiler.phase_stack import PhaseStack
 from patches.profiler.phases import BACKWARD, PHASE_PREFIXES
@@ -144,8 +144,14 @@ class ModuleProfiler:
         return self._tree.invisible_attention()
 
     def results(self) -> ModuleResults:
+        """What it measured; raises ModuleHooksFailed where a hook failed (what it measured is not whole)."""
+        self._check_whole()
         return ModuleResults(self.tree(), self.uncounted_ops(), self.invisible_attention(),
                              gc=self.gc_pauses.summary)
+
+    def _check_whole(self) -> None:
+        if self._hooks.failure is not None:
+            raise ModuleHooksFailed(self._hooks.failure)
 
     def totals(self) -> dict:
         tree = self.tree()
@@ -158,6 +164,7 @@ class ModuleProfiler:
         input shapes" for the same number with other input shapes, and the modules whose counted FLOPs
         depend on tensor values (flash-attn's varlen ops), which no comparison of calls can vouch for; empty
         when the same calls ran and their FLOPs follow from their shapes."""
+        counter._check_whole()
         differ = self._tree.adopt_flops(counter._tree)
         return differ + self._credits.adopt(counter._credits)
 
