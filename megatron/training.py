@@ -138,8 +138,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     writer = _tensorboard_writer(args)
     _announce_recompute(args)
     # counts, profiles and reports --profile-flops-step's iteration; times every other one
-    door = MegatronDoor(args, lambda _: _describe_run(args), tensorboard_writer=writer, first_done=iteration)
-    _announce_profiling(args, door)
+    door = MegatronDoor(args, _ForkRun(args, writer), first_done=iteration)
     interval, interval_start = IntervalStats(), time.time()
     print_rank_0(f"> training from iteration {iteration} to {args.train_iters}"
                  + (f" or {args.train_tokens} tokens" if args.train_tokens is not None else ""))
@@ -206,15 +205,25 @@ def _announce_recompute(args):
         print_rank_0(f"> {note}")
 
 
-def _announce_profiling(args, door):
-    section = args.deepspeed_config_dict.get("flops_profiler", {})
-    if args.profile_flops_step is None:
-        return
-    if section.get("enabled"):
-        section_step = section.get("profile_step", 1)
-        print_rank_0(f"> --profile-flops-step {args.profile_flops_step} takes precedence over the DeepSpeed "
-                     f"config's flops_profiler section (profile_step {section_step}), which is ignored")
-    print_rank_0(f"> FLOPs profiler: {door.announcement}")
+class _ForkRun:
+    """What our arguments say of the run, for the profiler's door (patches' MegatronRun)."""
+
+    def __init__(self, args, tensorboard_writer):
+        self.args, self.tensorboard_writer = args, tensorboard_writer
+
+    def describe(self, engine):
+        return _describe_run(self.args)
+
+    def shapes_change(self):
+        return None  # every iteration of ours runs --seq-length tokens
+
+    def announce(self, announcement):
+        section = self.args.deepspeed_config_dict.get("flops_profiler", {})
+        if section.get("enabled"):
+            section_step = section.get("profile_step", 1)
+            print_rank_0(f"> --profile-flops-step {self.args.profile_flops_step} takes precedence over the "
+                         f"DeepSpeed config's flops_profiler section (profile_step {section_step}), which is ignored")
+        print_rank_0(f"> FLOPs profiler: {announcement}")
 
 
 def _describe_run(args):

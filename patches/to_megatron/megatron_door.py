@@ -1,15 +1,16 @@
 """--profile-flops-step in a Megatron training loop: one door for our GPT fork's train() and upstream
-Megatron-DeepSpeed's train_step (patched by megatron_upstream.py).
+Megatron-DeepSpeed's train_step (patched by megatron_upstream.py), each tree telling it of its run through one
+adapter (MegatronRun: ours in megatron/training.py, upstream's in upstream_run.py).
 
-    door = MegatronDoor(args, describe=..., tensorboard_writer=..., first_done=args.iteration)
-    print(door.announcement)                                        # the start-up line's words
+    door = MegatronDoor(args, run, first_done=args.iteration)        # says the start-up line through run
     loss = door.train_step(engine, iteration, lambda: train_step(...))  # every iteration
+    door.finish()                                                     # where the loop ends
 
 Every iteration runs through the door's profile schedule (profiler/one_step.py): iteration N is profiled on
 every rank, N-1 counts its FLOPs, the others are timed for the unprofiled baseline. N's report waits for the
 STEADY_AFTER unprofiled iterations after N (its baseline: a run profiled early has only warm-up before N), or
 for the run's last iteration, or for the loop's end (finish()), whichever comes first. The door takes the engine
-over on its first iteration: its attachment (profiler/attachment.py) gets the door's `describe`, so that the
+over on its first iteration: its attachment (profiler/attachment.py) gets the run's `describe`, so that the
 reports this loop does not ask for itself (the config section's, the user's own FlopsProfiler code's) describe
 the run as well; and with --profile-flops-step the config section stays out of the engine. The profiled
 iteration's report is delivered by FileOutput: printed on global rank 0, flops_profile_stepN.json and
@@ -17,7 +18,7 @@ pipeline_trace_stepN.json written, TensorBoard scalars where the rank has a writ
 """
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
@@ -64,23 +65,33 @@ class FileOutput:
             write_tensorboard_scalars(report, self.tensorboard_writer, step)
 
 
+class MegatronRun(Protocol):
+    """What a Megatron tree tells the door of its run: each tree keeps only what is its own."""
+    tensorboard_writer: Any  # the rank's writer, or None
+
+    def describe(self, engine: DeepSpeedEngine) -> RunDescription: ...  # asked when a report is built
+    def shapes_change(self) -> Optional[str]: ...  # why its iterations differ in shape (curriculum), or None
+    def announce(self, announcement: str) -> None: ...  # the start-up line, through the tree's own log
+
+
 class MegatronDoor:
     """A Megatron training loop's way into the profiler (see the module docstring)."""
 
-    def __init__(self, args: Any, describe: Callable[[DeepSpeedEngine], RunDescription],
-                 first_done: int, tensorboard_writer: Any = None, shapes_change: Optional[str] = None):
+    def __init__(self, args: Any, run: MegatronRun, first_done: int):
         """args: the Megatron arguments (profile_flops_step, profile_flops_output, profile_flops_counting,
-        train_iters). describe(engine): what the loop knows of its run, asked when a report is built.
-        first_done: the iterations done before this run (a resumed run's). shapes_change: as ProfileSchedule's
-        (curriculum learning and the like). `announcement`: the start-up line's words (None: nothing profiled)."""
+        train_iters). run: the tree's adapter. first_done: the iterations done before this run (a resumed run's).
+        Where an iteration is profiled, the run announces it (`announcement`: the start-up line's words)."""
         self.profile_step = args.profile_flops_step
         self.schedule = ProfileSchedule(self.profile_step, counting=args.profile_flops_counting,
-                                        shapes_change=shapes_change, last_iteration=getattr(args, "train_iters", None),
-                                        settle=STEADY_AFTER, first_done=first_done)
+                                        shapes_change=run.shapes_change(),
+                                        last_iteration=getattr(args, "train_iters", None), settle=STEADY_AFTER,
+                                        first_done=first_done)
         self.announcement = (f"iteration {self.profile_step} will be profiled on every stage"
                              f"{self.schedule.announcement}" if self.profile_step is not None else None)
-        self.output = FileOutput(args.profile_flops_output, tensorboard_writer)
-        self.describe = describe
+        self.output = FileOutput(args.profile_flops_output, run.tensorboard_writer)
+        self.describe = run.describe
+        if self.announcement is not None:
+            run.announce(self.announcement)
 
     def train_step(self, engine: DeepSpeedEngine, iteration: int, train_step: Callable[[], Result]) -> Result:
         """Run one iteration (train_step) through the schedule; the profiled one's report is delivered here.

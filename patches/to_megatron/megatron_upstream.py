@@ -27,7 +27,7 @@ from patches.process.import_hooks import after_import
 from patches.process.registry import REGISTRY
 from patches.to_megatron.megatron_flags import PROFILE_STEP_FLAG
 from patches.to_megatron.upstream_flags import parse_args_with_profiler_flags
-from patches.to_megatron.upstream_run import describe_run, shapes_change
+from patches.to_megatron.upstream_run import UpstreamMegatronRun
 
 TRAIN_STEP_LEADING_PARAMETERS = ["forward_step_func", "data_iterator", "model", "optimizer"]
 # Where upstream's zero-bubble schedule keeps the weight-gradient GEMMs it defers out of the backward pass.
@@ -154,12 +154,8 @@ class UpstreamRun:
             from patches.to_megatron.megatron_door import MegatronDoor
 
             get_writer = getattr(global_vars, "get_tensorboard_writer", None)
-            self.door = MegatronDoor(args, functools.partial(describe_run, args), first_done=iteration - 1,
-                                     tensorboard_writer=get_writer() if callable(get_writer) else None,
-                                     shapes_change=shapes_change(args))
-            if self.door.announcement is not None:
-                say(f"> FLOPs profiler (patches): {self.door.announcement}; report files in "
-                              f"{args.profile_flops_output}")
+            run = UpstreamMegatronRun(args, say, get_writer() if callable(get_writer) else None)
+            self.door = MegatronDoor(args, run, first_done=iteration - 1)
         return self.door
 
     # ------------------------------------------------------------ the zero-bubble schedule

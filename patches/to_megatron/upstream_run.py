@@ -6,7 +6,25 @@ import copy
 import json
 import os
 from argparse import Namespace
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class UpstreamMegatronRun:
+    """Upstream's run as its parsed arguments say it, for the Megatron door (megatron_door.MegatronRun)."""
+    args: Namespace
+    say: Callable[[str], None]  # upstream's own print_rank_0, as its other start-up lines
+    tensorboard_writer: Any = None
+
+    def describe(self, engine) -> Any:
+        return describe_run(self.args, engine)
+
+    def shapes_change(self) -> Optional[str]:
+        return shapes_change(self.args)
+
+    def announce(self, announcement: str) -> None:
+        self.say(f"> FLOPs profiler (patches): {announcement}; report files in {self.args.profile_flops_output}")
 
 
 def shapes_change(args: Namespace) -> Optional[str]:
