@@ -1,9 +1,10 @@
 """What one rank's stage holds in memory over one iteration, measured as it ran: the figures the report's
 `stages[s].memory` and the layer table's `activation_bytes` / `state_bytes` come from.
 
-    memory = MemoryMeasurement.started(engine, accelerator)   # between iterations
-    with memory.instruction(name, buffer_id): ...             # every schedule instruction (EngineHooks' timer)
-    stage_memory = memory.stop()                              # StageMemory: local to the rank, no hook left
+    memory = MemoryMeasurement.started(engine, accelerator, layers, faults)   # between iterations
+    with memory.instruction_guarded(name, buffer_id): ...     # every schedule instruction (EngineHooks' timer)
+    stage_memory = memory.stop()                              # StageMemory, or None where a part failed (the
+                                                              # fault log, fail_safe.py, says what); no hook left
 
 Three readings, each torch's own (their files say how):
 - the state (held_state.py): parameters and gradients as held when the optimizer step starts (every gradient is
