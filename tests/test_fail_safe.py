@@ -107,7 +107,7 @@ class Recorded:
     ("exit", MeasurementFault(MEMORY, "ForwardPass", "ValueError: leaving failed"))])
 def test_the_work_runs_once_whatever_the_context_around_it_does(fail_on, fault):
     faults, ours, ran = FaultLog(), Recorded(fail_on), []
-    with faults.around(MEMORY, "ForwardPass", ours.context):
+    with faults.around(MEMORY, "ForwardPass", ours.context()):
         ran.append("work")
     assert ran == ["work"]
     assert faults.faults == ([fault] if fault else [])
@@ -118,16 +118,16 @@ def test_the_works_own_error_is_raised_as_it_came_and_the_context_sees_it():
     faults, ours = FaultLog(), Recorded()
     error = LookupError("the user's")
     with pytest.raises(LookupError) as raised:
-        with faults.around(MEMORY, "BackwardPass", ours.context):
+        with faults.around(MEMORY, "BackwardPass", ours.context()):
             raise error
     assert raised.value is error and ours.seen == ["entered", "saw the user's"] and faults.faults == []
 
 
 def test_after_a_fault_the_part_is_off_and_the_first_fault_is_kept():
     faults, failing, later = FaultLog(), Recorded("enter"), Recorded()
-    with faults.around(MEMORY, "ForwardPass", failing.context):
+    with faults.around(MEMORY, "ForwardPass", failing.context()):
         pass
-    with faults.around(MEMORY, "BackwardPass", later.context):
+    with faults.around(MEMORY, "BackwardPass", later.context()):
         pass
     with faults.guard(MEMORY, "stop"):
         raise OSError("a second fault")

@@ -8,11 +8,11 @@ unmeasured, and raises what it raises. The rank's entry carries the faults; the 
 
     faults = FaultLog()
     with faults.guard(MEMORY, "start"): ...                        # the profiler's own code only
-    with faults.around(MEMORY, "ForwardPass", make_context): ...   # the user's work inside a context of ours
+    with faults.around(MEMORY, "ForwardPass", context): ...        # the user's work inside a context of ours
 """
 import contextlib
 from dataclasses import asdict, dataclass
-from typing import Callable, ContextManager, Iterator, List
+from typing import ContextManager, Iterator, List
 
 # The parts of a measurement that can fail alone, leaving the rest of the report standing.
 MEMORY = "memory"
@@ -57,16 +57,16 @@ class FaultLog:
             self.record(part, where, error)
 
     @contextlib.contextmanager
-    def around(self, part: str, where: str, make_context: Callable[[], ContextManager[None]]) -> Iterator[None]:
-        """The user's work inside a context of the profiler's: entering and leaving it are guarded, the work runs
-        once whatever they do, and its own error is raised as it came."""
-        context = None
+    def around(self, part: str, where: str, context: ContextManager[None]) -> Iterator[None]:
+        """The user's work inside a context of the profiler's (not entered yet: a generator's context runs
+        nothing until entered): entering and leaving it are guarded, the work runs once whatever they do, and its
+        own error is raised as it came. After a fault of `part`, the context is not entered."""
+        entered = False
         if not self.failed(part):
             with self.guard(part, where):
-                entering = make_context()
-                entering.__enter__()
-                context = entering
-        if context is None:
+                context.__enter__()
+                entered = True
+        if not entered:
             yield
             return
         try:

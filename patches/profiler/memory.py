@@ -228,7 +228,7 @@ class MemoryMeasurement:
     def instruction_guarded(self, name: str, buffer_id: Optional[int] = None) -> ContextManager[None]:
         """instruction(), with what it fails at recorded in the fault log: the instruction itself runs once, as
         unmeasured, and raises what it raises; after a fault, the iteration's next instructions are not measured."""
-        return self.faults.around(MEMORY, name, lambda: self.instruction(name, buffer_id))
+        return self.faults.around(MEMORY, name, self.instruction(name, buffer_id))
 
     def _detach(self) -> Optional[AllocatorTrace]:
         """Every hook off and the allocator's recording stopped, each tried whatever the others do, once: the
