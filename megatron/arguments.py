@@ -21,7 +21,7 @@ from megatron.core.enums import ModelType
 from megatron.optimizer_param_scheduler import LR_DECAY_STYLES, WD_INCR_STYLES
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES, tokenizer_files_problem
 from patches.process.errors import EXIT_BAD_INPUT, PatchConfigError, exit_with_one_line
-from patches.to_megatron.megatron_flags import add_profiler_flags, check_profiler_flags, memory_limit_of
+from patches.to_megatron.megatron_flags import add_profiler_flags, take_profiler_flags
 
 EXIT_BAD_ARGS = EXIT_BAD_INPUT
 DEFAULT_PARTITION_METHOD = "type:ParallelTransformerLayerPipe"
@@ -359,7 +359,6 @@ def validate_args(args, world_size):
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
 
     _validate_model(args, tp)
-    _validate_memory_limit(args)
     _validate_partition(args, pp)
     _validate_recompute(args)
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 cannot both be set")
@@ -462,17 +461,6 @@ def _validate_recompute(args):
         args.recompute_method = "uniform"
     args.checkpoint_activations = args.recompute_granularity == "full"
     args.recompute_num_layers = args.checkpoint_num_layers
-
-
-def _validate_memory_limit(args):
-    """--pp-partition-memory-limit: a size; every plan of this process (the cut a profile report asks for, the
-    profile report's own plan) is made under it."""
-    from patches.partition.method import use_memory_limit
-
-    try:
-        use_memory_limit(memory_limit_of(args))
-    except PatchConfigError as error:
-        raise ArgumentError(str(error)) from None
 
 
 def _validate_partition(args, pp):
@@ -678,8 +666,10 @@ def _check_indexed_datasets(data_path):
 
 
 def _validate_profiler(args):
+    """The profiler's flags, checked; --pp-partition-memory-limit: every plan of this process (the cut a profile
+    report asks for, the profile report's own plan) is made under it."""
     try:
-        check_profiler_flags(args)
+        take_profiler_flags(args)
     except PatchConfigError as error:
         raise ArgumentError(str(error)) from None
     step = args.profile_flops_step

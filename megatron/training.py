@@ -20,8 +20,7 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.process.errors import PatchConfigError
-from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall, upstream_flops_per_iteration
-from patches.profiler.context import RunDescription
+from patches.profiler.analytic_flops import gpt_run_description
 from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
 from patches.to_megatron.megatron_door import MegatronDoor
 
@@ -136,7 +135,9 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
     engine = model[0]
     iteration = args.iteration
     writer = _tensorboard_writer(args)
-    _announce_recompute(args)
+    described = _describe_run(args)
+    if described.recompute_note is not None:  # DeepSpeed's pipeline recomputes fewer layers than the flags ask
+        print_rank_0(f"> {described.recompute_note}")
     # counts, profiles and reports --profile-flops-step's iteration; times every other one
     door = MegatronDoor(args, _ForkRun(args, writer), first_done=iteration)
     interval, interval_start = IntervalStats(), time.time()
@@ -162,7 +163,7 @@ def train(forward_step_func, model, optimizer, lr_scheduler, train_iterator, val
             _write_iteration_scalars(args, writer, engine, optimizer, iteration, log)
         if iteration % args.log_interval == 0:
             seconds = (time.time() - interval_start) / interval.iterations
-            _log_training(args, iteration, interval, seconds, log, writer)
+            _log_training(args, iteration, interval, seconds, log, writer, described.log_line_flops)
             interval, interval_start = IntervalStats(), time.time()
         if args.save and args.save_interval and iteration % args.save_interval == 0:
             save_checkpoint(engine, args.save, iteration, args)
@@ -198,13 +199,6 @@ def _exit_reason(args, iteration):
     return None
 
 
-def _announce_recompute(args):
-    """One line where DeepSpeed's pipeline recomputes fewer transformer layers than the flags ask."""
-    note = recompute_shortfall(args, pipeline_stage_layers(args))
-    if note is not None:
-        print_rank_0(f"> {note}")
-
-
 class _ForkRun:
     """What our arguments say of the run, for the profiler's door (patches' MegatronRun)."""
 
@@ -229,13 +223,9 @@ class _ForkRun:
 def _describe_run(args):
     """What our arguments say of the run, for the profile report (the flag's; the config section's and the user's
     own FlopsProfiler code's through the door, which hands it to the engine)."""
-    stage_layers = pipeline_stage_layers(args)
-    return RunDescription(seq_length=args.seq_length, analytic=gpt_flops_per_iteration(args, stage_layers=stage_layers),
-                          peak_tflops=args.peak_tflops,
-                          # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
-                          activation_checkpointing=bool(args.checkpoint_activations),
-                          recompute_note=recompute_shortfall(args, stage_layers),
-                          log_line_flops=upstream_flops_per_iteration(args))
+    return gpt_run_description(args, pipeline_stage_layers(args), peak_tflops=args.peak_tflops,
+                               # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
+                               activation_checkpointing=bool(args.checkpoint_activations))
 
 
 def _record_loss(args, iteration, loss):
@@ -270,14 +260,14 @@ def _grad_norm(engine):
     return None if norm is None else float(norm)
 
 
-def _log_training(args, iteration, interval, seconds_per_iteration, log, writer):
+def _log_training(args, iteration, interval, seconds_per_iteration, log, writer, flops_per_iteration):
     line = TrainingLogLine(
         iteration=iteration, train_iters=args.train_iters, consumed_samples=args.consumed_train_samples,
         consumed_tokens=args.consumed_train_tokens, seconds_per_iteration=seconds_per_iteration,
         learning_rate=log.learning_rate, global_batch_size=args.global_batch_size, lm_loss=interval.mean_loss,
         loss_scale=log.loss_scale, grad_norm=log.grad_norm, params_norm=log.params_norm,
         actual_seqlen=args.actual_seq_length, skipped_iterations=interval.skipped, nan_iterations=interval.nan,
-        rates=throughput(args, seconds_per_iteration), num_zeros=log.num_zeros)
+        rates=throughput(args, seconds_per_iteration, flops_per_iteration), num_zeros=log.num_zeros)
     print_rank_last(line.format())
     if writer is not None and args.log_timers_to_tensorboard:
         _add_scalar_vs(args, writer, "iteration-time/iteration-time", seconds_per_iteration, iteration)

@@ -9,14 +9,12 @@
 --log-num-zeros-in-grad (upstream's pipeline path prints 0.0 there whatever the gradients; this is the
 count), "params norm" with --log-params-norm, "lm loss" when an iteration of the interval advanced.
 Throughput is upstream's: samples/s of the whole global batch, tokens per second per GPU (tgs), and
-TFLOPs per GPU as the whole global batch's FLOPs (patches.profiler.analytic_flops.upstream_flops_per_iteration)
-over seconds per iteration times the world size.
+TFLOPs per GPU as the whole global batch's FLOPs (upstream's formula: patches.profiler.analytic_flops, read from
+the run's description) over seconds per iteration times the world size.
 """
 import math
 from dataclasses import dataclass, field
 from typing import Optional
-
-from patches.profiler.analytic_flops import upstream_flops_per_iteration
 
 
 @dataclass
@@ -53,11 +51,12 @@ class Throughput:
     tflops: float
 
 
-def throughput(args, seconds_per_iteration: float) -> Throughput:
-    """Upstream's figures for one iteration of the whole global batch taking `seconds_per_iteration`."""
+def throughput(args, seconds_per_iteration: float, flops_per_iteration: float) -> Throughput:
+    """Upstream's figures for one iteration of the whole global batch (`flops_per_iteration`: upstream's
+    formula's) taking `seconds_per_iteration`."""
     samples_per_second = args.global_batch_size / seconds_per_iteration
     tokens_per_gpu = samples_per_second * args.seq_length / args.world_size
-    tflops = upstream_flops_per_iteration(args) / (seconds_per_iteration * args.world_size * 1e12)
+    tflops = flops_per_iteration / (seconds_per_iteration * args.world_size * 1e12)
     return Throughput(samples_per_second, tokens_per_gpu, tflops)
 
 

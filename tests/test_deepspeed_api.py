@@ -5,6 +5,7 @@ import torch
 from deepspeed.profiling.config import DeepSpeedFlopsProfilerConfig
 
 import patches
+from patches import to_deepspeed
 from patches.process.errors import PatchConfigError
 from patches.profiler.module_profiler import ModuleProfiler
 from patches.to_deepspeed import flops_profiler_config, pipeline_timers, section_timers
@@ -47,14 +48,14 @@ def test_recompute_fwd_factor_is_refused_in_one_line():
 def test_every_patch_names_the_deepspeed_attributes_it_needs_and_this_deepspeed_has_them():
     for patch in (section_timers, flops_profiler_config, pipeline_timers):
         assert patch.requires() and patch.WHAT_IT_FIXES
-        assert patches.missing_attributes(patch.requires()) == []
+        assert to_deepspeed.missing_attributes(patch.requires()) == []
 
 
 def test_a_missing_deepspeed_attribute_is_named():
     class Engine:
         present = None
 
-    assert patches.missing_attributes([(Engine, "present"), (Engine, "_renamed_in_a_release")]) == [
+    assert to_deepspeed.missing_attributes([(Engine, "present"), (Engine, "_renamed_in_a_release")]) == [
         "Engine._renamed_in_a_release"]
     assert patches.untested_version_warning("0.13.0").startswith(
         "warning: patches: DeepSpeed 0.13.0 is not among the tested versions (0.19.8, 0.19.6")

@@ -86,7 +86,7 @@ def test_layout_finds_every_rank_as_deepspeed_lays_them_out():
         coord = topology.get_coord(rank)
         assert with_topology.rank_of(coord.pipe, coord.model, coord.data) == rank
         assert without.rank_of(coord.pipe, coord.model, coord.data) == rank
-    assert with_topology.replica_ranks() == [0, 1, 6, 7] and with_topology.stage_leaders() == [0, 6]
+    assert with_topology.replica_ranks == (0, 1, 6, 7) and with_topology.stage_leaders == (0, 6)
 
 
 def test_an_entry_asked_of_a_measurement_never_started_says_so():

@@ -26,6 +26,7 @@ from patches.profiler.printer import HEADER
 from tests.helpers.call_walk import (
     PAGE,
     Door,
+    broken_structure,
     crossings,
     door_block,
     page_core,
@@ -265,6 +266,7 @@ def test_the_module_launch_is_walked_as_the_page_says(workdir):
     process, _ = run_upstream(workdir, "walked", 2, 1, via_module=True, walk_into=into, extra=[
         "--profile-flops-step", PROFILE_STEP, "--profile-flops-output", workdir[0] / "walked_profile"])
     assert process.returncode == 0, explain(process)
+    assert broken_structure(into) == [], "the walk's rule is broken (tests/helpers/call_walk.py)"
     page, start, end = page_walk()
     walk = page[start:end]
     door = Door("upstream", "Upstream's module launch (`--module patches.launch`, `--profile-flops-step`)",

@@ -457,7 +457,8 @@ def test_log_line_fields_in_upstream_order():
     line = TrainingLogLine(iteration=3, train_iters=5, consumed_samples=24, consumed_tokens=384,
                            seconds_per_iteration=0.5, learning_rate=1e-3, global_batch_size=8, lm_loss=5.25,
                            loss_scale=2048.0, grad_norm=1.5, params_norm=12.0, actual_seqlen=16, skipped_iterations=1,
-                           nan_iterations=0, rates=throughput(args, 0.5), num_zeros=7.0).format()
+                           nan_iterations=0, rates=throughput(args, 0.5, upstream_flops_per_iteration(args)),
+                           num_zeros=7.0).format()
     names = [part.strip().rsplit(":", 1)[0] for part in line.strip().rstrip("|").split(" | ")]
     assert names[0].startswith("iteration") and names[1:] == list(FIELD_ORDER[1:])
     assert line.startswith(" iteration        3/       5 | consumed samples:           24 | consumed tokens:"
@@ -474,7 +475,7 @@ def test_throughput_by_upstream_convention():
     args = parses(BASE + ["--train-iters", "5", "--tensor-model-parallel-size", "2", "--global-batch-size", "32"],
                   world_size=4)  # data-parallel 2
     args.padded_vocab_size = 256
-    rates = throughput(args, 0.25)
+    rates = throughput(args, 0.25, upstream_flops_per_iteration(args))
     assert rates.tflops == upstream_flops_per_iteration(args) / (0.25 * 4) / 1e12
     assert rates.samples_per_second == 32 / 0.25
     assert rates.tokens_per_gpu_per_second == 32 / 0.25 * 16 / 4

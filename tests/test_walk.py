@@ -15,6 +15,7 @@ from tests.helpers.call_walk import (
     RULE,
     WRITE_VARIABLE,
     Door,
+    broken_structure,
     crossings,
     page_upstream_block,
     page_walk,
@@ -41,6 +42,7 @@ def _walked(tmp_path_factory, name, script, nprocs, args, config=None):
         args = list(args) + [directory / "ds.json"]
     process = launch(script, nprocs, args, cwd=directory, env=walk_env(directory), via=TORCHRUN)
     assert process.returncode == 0, explain(process)
+    assert broken_structure(directory) == [], "the walk's rule is broken (tests/helpers/call_walk.py)"
     return crossings(directory)
 
 
@@ -61,6 +63,15 @@ def doors(tmp_path_factory):
 def measured_walk(doors, upstream_block):
     """The page's walk for these doors; upstream_block: upstream's module launch, as walked where a tree is."""
     return "\n".join([BEGIN, "", RULE, walk_section(doors, ("fork", "section"), upstream_block), END])
+
+
+CORE_LIMIT = 18  # the crossings every door makes: what a newcomer reads first
+
+
+@pytest.mark.launch
+def test_the_core_stays_small(doors):
+    by_key = {door.key: door.crossings for door in doors}
+    assert len(by_key["fork"] & by_key["section"]) <= CORE_LIMIT
 
 
 @pytest.mark.launch

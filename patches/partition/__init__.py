@@ -5,6 +5,6 @@
 - table.py: the report's layer table, built from the stages' measured module trees;
 - planner.py: the partition that minimises the bounding stage, what it predicts, and a saved report's plan (no
   DeepSpeed or torch import: megatron-plan-partition starts at once);
-- method.py: the DeepSpeed patch that makes `PipelineModule(partition_method='profile')` and
-  --pp-partition-from-profile cut the layers where a report says.
+- method.py: where `PipelineModule(partition_method='profile')` (the patch: to_deepspeed/partition_method.py) and
+  --pp-partition-from-profile cut the layers: the report's plan, agreed by every rank.
 """

@@ -1,5 +1,6 @@
-"""DeepSpeed's `PipelineModule(partition_method='profile')`, which raises NotImplementedError in every release, made
-to cut the layers where a measured run says.
+"""What DeepSpeed's `PipelineModule(partition_method='profile')` cuts (the patch that makes it do so, which
+DeepSpeed raises NotImplementedError for in every release, is patches/to_deepspeed/partition_method.py): where a
+measured run says.
 
     PipelineModule(layers, num_stages=2, partition_method="profile:profiles/flops_profile_step3.json")
     PipelineModule(layers, num_stages=2, partition_method="profile")   # the report in $DS_PIPE_PARTITION_PROFILE
@@ -31,42 +32,33 @@ from patches.process import store
 from patches.process.errors import PatchConfigError
 from patches.process.registry import REGISTRY
 
-WHAT_IT_FIXES = "PipelineModule(partition_method='profile')"
 METHOD = "profile"
 ENVIRONMENT = "DS_PIPE_PARTITION_PROFILE"
 MEMORY_ENVIRONMENT = "DS_PIPE_PARTITION_MEMORY_LIMIT"
 
 
 
-def requires():
-    return [(PipelineModule, "_partition_layers"), (PipelineModule, "_set_bounds"), *store.requires()]
-
-
-def install():
-    original = PipelineModule._partition_layers
-
-    def _partition_layers(self, method="uniform"):
-        """DeepSpeed gap: partition_method='profile' raises NotImplementedError in every release."""
-        report = REGISTRY.settings.partition_report  # --pp-partition-from-profile
-        if report is None and not names_a_profile(method):  # the same answer on every rank
-            return original(self, method)
-        plan = None
-        try:
-            report = report or report_named_by(method)
-            plan = profiled_plan(report, layer_types(self), self.num_stages, *memory_limit())
-            parts, error = plan["parts"], None
-        except PatchConfigError as problem:
-            parts, error = None, str(problem)
-        self.parts = agreed_parts(report, parts, error)
-        if self.global_rank == 0:
-            print(f"> partition_method 'profile' ({report}): parts {self.parts}, planned from its measured layers",
-                  flush=True)
-            if plan["memory_fits"] is False:
-                print(f"warning: partition_method 'profile' ({report}): {no_fit_line(plan)}; training goes on with "
-                      "them", flush=True)
-        self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
-
-    PipelineModule._partition_layers = _partition_layers
+def parts_for(module: PipelineModule, method) -> Optional[List[int]]:
+    """The boundaries `module` is cut at where its partition_method names a profile report, or
+    --pp-partition-from-profile names one for every pipeline: planned from the report under the memory limit,
+    agreed by every rank (agreed_parts), said in one line on global rank 0. None: the method is DeepSpeed's own."""
+    report = REGISTRY.settings.partition_report  # --pp-partition-from-profile
+    if report is None and not names_a_profile(method):  # the same answer on every rank
+        return None
+    plan = None
+    try:
+        report = report or report_named_by(method)
+        plan = profiled_plan(report, layer_types(module), module.num_stages, *memory_limit())
+        parts, error = plan["parts"], None
+    except PatchConfigError as problem:
+        parts, error = None, str(problem)
+    parts = agreed_parts(report, parts, error)
+    if module.global_rank == 0:
+        print(f"> partition_method 'profile' ({report}): parts {parts}, planned from its measured layers", flush=True)
+        if plan["memory_fits"] is False:
+            print(f"warning: partition_method 'profile' ({report}): {no_fit_line(plan)}; training goes on with "
+                  "them", flush=True)
+    return parts
 
 
 def use_for_every_pipeline(report: Optional[str]) -> None:

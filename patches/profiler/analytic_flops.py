@@ -20,6 +20,8 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Union
 
+from patches.profiler.context import RunDescription
+
 # One pipeline stage's layers in order: a transformer layer as its number (1..L), any other layer
 # (embedding, final norm, LM head) as its name.
 StageLayers = Sequence[Union[int, str]]
@@ -167,3 +169,23 @@ def upstream_flops_per_iteration(args: Namespace) -> float:
     elif args.recompute_granularity == "selective":
         total += attention
     return float(2 * total)
+
+
+def gpt_run_description(args: Namespace, stage_layers: Optional[Sequence[StageLayers]],
+                        log_line_args: Optional[Namespace] = None, peak_tflops: Optional[float] = None,
+                        activation_checkpointing: Optional[bool] = None) -> RunDescription:
+    """What a Megatron GPT run's arguments say of it, for the report: the formula's FLOPs of one iteration, the
+    layers recomputed short of the flags, the log line's FLOPs (read from log_line_args, default args); each None
+    where this Megatron's arguments lack what it reads; peak_tflops and activation_checkpointing where the caller
+    knows them (RunDescription)."""
+    try:
+        analytic = gpt_flops_per_iteration(args, stage_layers=stage_layers)
+    except (AttributeError, TypeError):  # a fork without these arguments: the report has no analytic column
+        analytic = None
+    try:
+        log_line_flops = upstream_flops_per_iteration(log_line_args if log_line_args is not None else args)
+    except (AttributeError, TypeError):
+        log_line_flops = None
+    return RunDescription(seq_length=args.seq_length, analytic=analytic, log_line_flops=log_line_flops,
+                          recompute_note=recompute_shortfall(args, stage_layers) if analytic else None,
+                          peak_tflops=peak_tflops, activation_checkpointing=activation_checkpointing)

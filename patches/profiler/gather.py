@@ -59,7 +59,7 @@ class ReportGroups:
                 group = dist.new_group(ranks=ranks, backend="gloo")
                 if rank in ranks:
                     tensor = group
-        ranks = layout.stage_leaders()
+        ranks = list(layout.stage_leaders)
         leaders = dist.new_group(ranks=ranks, backend="gloo")
         return cls(world, tensor, leaders if rank in ranks else None)
 
@@ -124,7 +124,7 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, entry: Union[RankE
     rank = dist.get_rank()
     offset, error = 0.0, 0.0
     if layout.in_replica:
-        offset, error = measure_clock_offset(group=groups.world, ranks=layout.replica_ranks())
+        offset, error = measure_clock_offset(group=groups.world, ranks=list(layout.replica_ranks))
     failure, payload = None, None
     if isinstance(entry, Exception):
         failure = entry

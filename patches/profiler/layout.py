@@ -4,7 +4,7 @@ The one place that tells a PipelineEngine from a plain DeepSpeedEngine (runs_a_s
 records as is_pipeline); every other part of the profiler reads the layout.
 """
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Tuple
 
 import torch.distributed as dist
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -43,14 +43,17 @@ class EngineLayout:
         topology = mpu.get_topology() if hasattr(mpu, "get_topology") else None
         return cls(0, tp_rank, dp_rank, 1, tp, dist.get_world_size() // tp, topology, is_pipeline=False)
 
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.tp * self.dp
+    def __post_init__(self):
+        # Read by every report and its gathering: computed once here, read as fields.
+        object.__setattr__(self, "world_size", self.pp * self.tp * self.dp)
+        object.__setattr__(self, "in_replica", self.dp_rank == 0)  # in the reported replica (dp rank 0)
+        object.__setattr__(self, "stage_leaders", tuple(self.rank_of(s, 0, 0) for s in range(self.pp)))
+        object.__setattr__(self, "replica_ranks", tuple(r for s in range(self.pp) for r in self.tensor_ranks(s)))
 
-    @property
-    def in_replica(self) -> bool:
-        """In the reported replica (dp rank 0)."""
-        return self.dp_rank == 0
+    world_size: int = field(init=False, repr=False)
+    in_replica: bool = field(init=False, repr=False)
+    stage_leaders: Tuple[int, ...] = field(init=False, repr=False)  # replica 0's tp-rank-0 ranks, by stage
+    replica_ranks: Tuple[int, ...] = field(init=False, repr=False)  # replica 0's ranks, stage by stage
 
     def rank_of(self, stage: int, tp_rank: int, dp_rank: int) -> int:
         if self.topology is None:  # no topology: tensor rank fastest, then data (Megatron's order)
@@ -61,13 +64,6 @@ class EngineLayout:
     def tensor_ranks(self, stage: int) -> List[int]:
         """Replica 0's ranks of `stage`, by tp rank."""
         return [self.rank_of(stage, t, 0) for t in range(self.tp)]
-
-    def stage_leaders(self) -> List[int]:
-        """Replica 0's tp-rank-0 ranks, by stage."""
-        return [self.rank_of(s, 0, 0) for s in range(self.pp)]
-
-    def replica_ranks(self) -> List[int]:
-        return [r for s in range(self.pp) for r in self.tensor_ranks(s)]
 
 
 def runs_a_schedule(engine: DeepSpeedEngine) -> bool:

@@ -56,10 +56,14 @@ class StageMeasurement:
     """What one rank measures of its stage over one iteration (see the module docstring)."""
 
     def __init__(self, engine: DeepSpeedEngine, attachment: Optional[EngineAttachment] = None):
-        """attachment: the engine's (attachment.py), where the caller holds it; else looked up when needed."""
+        """attachment: the engine's (attachment.py), where the caller holds it; else looked up (none without an
+        engine: a profiler that only holds a report)."""
         self.engine = engine
-        self._attachment = attachment
-        self._layout: Optional[EngineLayout] = None
+        if attachment is None and engine is not None:
+            attachment = attachment_of(engine)
+        self.attachment: Optional[EngineAttachment] = attachment
+        # Read at the first start(): DeepSpeed's engine makes its profiler before a PipelineEngine has its grid.
+        self.layout: Optional[EngineLayout] = None
         self.accelerator = get_accelerator()
         self.module_profiler: Optional[ModuleProfiler] = None
         self.hooks: Optional[EngineHooks] = None
@@ -82,19 +86,6 @@ class StageMeasurement:
         measurement.start(counted=counted)
         return measurement
 
-    @property
-    def attachment(self) -> EngineAttachment:
-        if self._attachment is None:
-            self._attachment = attachment_of(self.engine)
-        return self._attachment
-
-    @property
-    def layout(self) -> EngineLayout:
-        # Read on first use: DeepSpeed's engine makes its profiler before a PipelineEngine has its grid.
-        if self._layout is None:
-            self._layout = EngineLayout.of(self.engine)
-        return self._layout
-
     def start(self, ignore_list: Optional[Iterable[type]] = None, counted: Optional[CountingPass] = None) -> None:
         """Install every hook and timer, afresh, and become the engine's attached measurement (attachment.py: its
         train_batch, or forward, backward and step, are then timed by this one). Local: no rank waits for another.
@@ -104,6 +95,8 @@ class StageMeasurement:
         if self.started:
             return
         self._remove_hooks()  # measured before and not detached: start afresh
+        if self.layout is None:
+            self.layout = EngineLayout.of(self.engine)
         module = self.engine.module
         self.counted = counted
         if self.accelerator.device_name() != "cpu":

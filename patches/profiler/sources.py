@@ -86,6 +86,7 @@ class GatheredReports:
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
         self._entry: Union[RankEntry, Exception, None] = None  # the rank's entry, taken already (gathered())
         self._gathered: Optional[GatherResult] = None  # what the last report() gathered (to build it again)
+        self.step: Optional[int] = None  # the step the report is labelled with, once gathered
 
     @classmethod
     def gathered(cls, measurement: StageMeasurement, entry: Union[RankEntry, Exception], step: int,
@@ -129,15 +130,11 @@ class GatheredReports:
                 entry = error
             self._gathered = gather_report(measurement.layout, self._groups(), entry, context)
             self._report, self._entries = self._gathered.report, self._gathered.replica_entries
+            self.step = step  # the step the report is labelled with
         elif self._built_over is not self.timing:  # the entries gathered already, built again over the new timing
             self._report = rebuild_report(self._gathered, self.timing, self._groups())
         self._built_over = self.timing
         return self._report
-
-    @property
-    def step(self) -> int:
-        """The step the report is labelled with (gathered already)."""
-        return self._report["step"]
 
     def _groups(self) -> ReportGroups:
         """The engine's report groups, made on its first report (collective: every rank is in report())."""
@@ -275,7 +272,7 @@ class PublishedReports(_CallingRankOutput):
             raise ProfileIncomplete(
                 f"flops profiler: no whole-pipeline profile of step {self._step}: rank {failed[0].global_rank} "
                 f"failed building its profile entry: {failed[0].sample.failure}")
-        replica = [collected.found[rank] for rank in layout.replica_ranks()]
+        replica = [collected.found[rank] for rank in layout.replica_ranks]
         reference = collected.found[layout.rank_of(0, 0, 0)]
         entries, note = [], SAME_HOST_CLOCK
         for publication in replica:

@@ -93,6 +93,15 @@ def check_profiler_flags(args: Namespace) -> None:
         raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory ({problem})")
 
 
+def take_profiler_flags(args: Namespace) -> None:
+    """check_profiler_flags, then set what the flags set for this process: the memory limit every plan is made
+    under (--pp-partition-memory-limit)."""
+    from patches.partition.method import use_memory_limit
+
+    check_profiler_flags(args)
+    use_memory_limit(memory_limit_of(args))
+
+
 def unwritable_directory(path: str) -> Optional[str]:
     """Why a directory cannot be written to, or made and then written to; None where it can. Nothing is left
     behind (rank 0 makes the directory when it writes the report): the check makes a probe directory in the

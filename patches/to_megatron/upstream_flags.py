@@ -9,16 +9,16 @@ from patches.process.errors import PatchConfigError, exit_with_one_line
 from patches.to_megatron.megatron_flags import (
     PROFILE_STEP_FLAG,
     add_profiler_flags,
-    check_profiler_flags,
-    memory_limit_of,
+    take_profiler_flags,
 )
 
 
 def check_upstream_profiler_flags(args: Namespace) -> None:
-    """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run."""
+    """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run; else
+    take the flags (take_profiler_flags)."""
     if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
-    check_profiler_flags(args)
+    take_profiler_flags(args)
 
 
 def parse_args_with_profiler_flags(original: Callable) -> Callable:
@@ -35,11 +35,10 @@ def parse_args_with_profiler_flags(original: Callable) -> Callable:
             check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
             exit_with_one_line(str(error))
-        from patches.partition.method import use_for_every_pipeline, use_memory_limit
+        from patches.partition.method import use_for_every_pipeline
         from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
 
         use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method
-        use_memory_limit(memory_limit_of(parsed))  # checked above: a size or None
         drop_optimizer_state_across_partitions(getattr(parsed, "no_load_optim", False))
         return parsed
 

@@ -69,7 +69,7 @@ def describe_run(args: Namespace, engine):
 
 
 def _described(args: Namespace, engine):
-    from patches.profiler.analytic_flops import recompute_shortfall
+    from patches.profiler.analytic_flops import gpt_run_description
     from patches.profiler.context import RunDescription
 
     view, stage_layers = _analytic_view(args, engine)
@@ -77,12 +77,9 @@ def _described(args: Namespace, engine):
         # random-LTD drops tokens in the middle layers and the data-efficiency pipeline may reshape the batch:
         # no formula of batch x length says what ran, so the report states only what was measured
         return RunDescription(seq_length=view.seq_length)
-    analytic = upstream_analytic_flops(view, stage_layers)
     log_line = copy.copy(args)  # upstream's log line reads its own flags, at the iteration's length
     log_line.seq_length = view.seq_length
-    return RunDescription(seq_length=view.seq_length, analytic=analytic,
-                          recompute_note=recompute_shortfall(view, stage_layers) if analytic else None,
-                          log_line_flops=upstream_log_line_flops(log_line))
+    return gpt_run_description(view, stage_layers, log_line)
 
 
 def iteration_seq_length(args: Namespace) -> int:
@@ -90,17 +87,6 @@ def iteration_seq_length(args: Namespace) -> int:
     upstream's train() sets before each train_step) where it is on, else --seq-length."""
     seqlen = getattr(args, "curriculum_seqlen", None)
     return int(seqlen) if _curriculum(args) and seqlen else args.seq_length
-
-
-def upstream_log_line_flops(args: Namespace) -> Optional[float]:
-    """The FLOPs upstream's log line counts for one iteration (its throughput convention, in
-    patches.profiler.analytic_flops), or None where this Megatron's arguments lack what it reads."""
-    from patches.profiler.analytic_flops import upstream_flops_per_iteration
-
-    try:
-        return upstream_flops_per_iteration(args)
-    except (AttributeError, TypeError):
-        return None
 
 
 def pipeline_stage_layers_of(module) -> Optional[list]:
@@ -139,14 +125,3 @@ def _analytic_view(args: Namespace, engine):
             (granularity, method) == ("full", "uniform")
         view.recompute_method = "uniform"
     return view, stage_layers
-
-
-def upstream_analytic_flops(view: Namespace, stage_layers: Optional[list]) -> Optional[dict]:
-    """The Megatron-LM formula (patches.profiler.analytic_flops) on upstream's arguments, or None where this
-    Megatron's arguments lack what it needs."""
-    from patches.profiler.analytic_flops import gpt_flops_per_iteration
-
-    try:
-        return gpt_flops_per_iteration(view, stage_layers=stage_layers)
-    except (AttributeError, TypeError):  # a fork without these arguments: the report has no analytic column
-        return None

@@ -20,30 +20,82 @@ END = "<!-- End of the measured walk. -->"
 WRITE_VARIABLE = "PATCHES_WRITE_WALK"
 
 RULE = """\
-A crossing is a call from a function in one file of `patches/` to a function in another, or from the door's own
-code (the training loop or script that drives the patch set) into `patches/`; each (caller file, callee function)
-once, over the whole run, every rank. Not counted:
+A crossing is a call from one component of `patches/` to another, or from the door's own code (the training loop
+or script that drives the patch set) into `patches/`; each (caller file, callee function) once, over the whole run,
+every rank. A component is a folder of `patches/` (`to_deepspeed/`, `to_megatron/`, `partition/`, `process/`,
+`formats/`, `cli/`), the top level's public entry (`__init__.py`, `launch.py`), or one of the parts of
+`profiler/` below (its facade first); each file of `profiler/` not named there is a component of its own. A part is
+called from outside only through its facade (checked: a call past it fails the test); calls between its own files
+are its business, not the walk's.
+{parts}
+Not counted:
+- calls into the leaf helpers, which call nothing else in `patches/` (checked): {leaves};
 - what the interpreter, torch and DeepSpeed call by their own design: the callbacks the patch set hands them (the
   instruction map's entries, module and autograd hooks), called from their code, and the callbacks that land on
   whatever frame is running (the dispatch mode's `__torch_dispatch__`, the garbage collector's callback, a
   storage's finalizer);
-- calls between the parts behind the module profiler's facade (`module_profiler.ModuleProfiler`: the module tree,
-  its hooks, the FLOP counting, the phase stack, the phases, the FLOP formulas);
-- a module's own code run as it is imported (`<module>`);
+- a module's own code run as it is imported (`<module>`), and what it calls;
 - a data object's conversions of itself (`as_dict`, `from_entry`, `to_bytes`, `from_bytes`);
 - the report's composition inside `report.build_report` (a pure function of the entries and the context);
-- what comes after the printed text (the files, the trace, TensorBoard, the report held for `engine.flops_profiler`).
+- what comes after the printed text (the files, the trace, TensorBoard, the report held for `engine.flops_profiler`),
+  and the calls into it.
 """
+
+
+@dataclass(frozen=True)
+class Part:
+    """Files of profiler/ that the walk counts as one component: called from outside only through `facade`."""
+    title: str
+    facade: Tuple[str, ...]
+    behind: Tuple[str, ...]
+
+    def files(self) -> Tuple[str, ...]:
+        return self.facade + self.behind
+
+    def line(self) -> str:
+        facade = ", ".join(f"`{name[len('profiler/'):]}`" for name in self.facade)
+        if not self.behind:
+            return f"- {self.title}: {facade}, each called from outside;"
+        behind = ", ".join(f"`{name[len('profiler/'):]}`" for name in self.behind)
+        return f"- {self.title}: {facade}, and behind it {behind};"
+
+
+def _profiler(*names: str) -> Tuple[str, ...]:
+    return tuple(f"profiler/{name}.py" for name in names)
+
+
+PARTS = (
+    Part("the stage measurement", _profiler("measurement"), _profiler(
+        "engine_hooks", "memory", "allocator_trace", "held_state", "kept_activations", "module_profiler",
+        "module_tree", "module_hooks", "flop_counting", "flop_formulas", "phase_stack", "phases", "gc_pauses")),
+    Part("the report", _profiler("sources", "printer", "files"), _profiler(
+        "gather", "context", "report", "trace", "entry", "notes", "peaks", "store_exchange",
+        "stragglers", "memory_report")),
+    Part("the user's profiler", _profiler("api", "user_code_profiler", "pipeline_profiler"), ()),
+)
+LEAVES = ("formats/units.py", "process/store.py", "process/errors.py", "profiler/fail_safe.py",
+          "profiler/shadowing.py")
+RULE = RULE.format(parts="\n".join(part.line() for part in PARTS),
+                   leaves=", ".join(f"`{leaf}`" for leaf in LEAVES))
 
 # Callbacks that land on whatever Python frame is running when torch or the interpreter calls them.
 _LANDING_CALLBACKS = {("profiler/flop_counting.py", "FlopCountingMode.__torch_dispatch__"),
                       ("profiler/flop_counting.py", "FlopCountingMode._should_skip_dynamo"),
                       ("profiler/gc_pauses.py", "GcPauses._on_collection"),
                       ("profiler/allocator_trace.py", "_mark_unseen_free")}
-_BEHIND_THE_MODULE_PROFILER = {f"profiler/{name}.py" for name in (
-    "module_profiler", "module_tree", "module_hooks", "flop_counting", "phase_stack", "phases", "flop_formulas")}
 _CONVERSIONS = {"as_dict", "from_entry", "to_bytes", "from_bytes"}
-_ZONES_LEFT_OUT = {"report composition", "after the printed text"}
+_ZONES_LEFT_OUT = {"report composition", "after the printed text", "entering after the printed text", "import"}
+_PART_OF = {name: part for part in PARTS for name in part.files()}
+
+
+def component(file: str) -> str:
+    """The component a file of patches/ belongs to, by name."""
+    if file in _PART_OF:
+        return _PART_OF[file].title
+    if "/" not in file:
+        return "the public entry"
+    folder, _ = file.split("/", 1)
+    return file if folder == "profiler" else f"{folder}/"
 
 
 # The folders of this repository's own code that drives the patch set: our GPT, the tests' scripts and their helpers.
@@ -74,23 +126,40 @@ class Crossing:
 
 
 def _counted(kind: str, caller: str, callee_file: str, function: str, zone: str) -> bool:
-    if (callee_file, function) in _LANDING_CALLBACKS or zone in _ZONES_LEFT_OUT:
+    if (callee_file, function) in _LANDING_CALLBACKS or zone in _ZONES_LEFT_OUT or callee_file in LEAVES:
         return False
-    if kind == "patches" and caller in _BEHIND_THE_MODULE_PROFILER and callee_file in _BEHIND_THE_MODULE_PROFILER:
+    if kind == "patches" and component(caller) == component(callee_file):
         return False
     if function == "<module>" or function.rsplit(".", 1)[-1] in _CONVERSIONS:
         return False
     return True
 
 
+def _records(directory: Path):
+    for path in Path(directory).glob("walk.*.json"):
+        yield from json.loads(path.read_text())["calls"]
+
+
 def crossings(directory: Path) -> FrozenSet[Crossing]:
     """What the rule counts of every process's record in `directory`."""
-    found = set()
-    for path in Path(directory).glob("walk.*.json"):
-        for kind, caller, callee_file, function, zone in json.loads(path.read_text())["calls"]:
-            if _counted(kind, caller, callee_file, function, zone):
-                found.add(Crossing(caller, f"{callee_file}:{function}", kind == "host"))
-    return frozenset(found)
+    return frozenset(Crossing(caller, f"{callee_file}:{function}", kind == "host")
+                     for kind, caller, callee_file, function, zone in _records(directory)
+                     if _counted(kind, caller, callee_file, function, zone))
+
+
+def broken_structure(directory: Path) -> List[str]:
+    """What the rule's structure forbids, in every process's record: a call past a part's facade, a leaf helper
+    calling another file of patches/ (a landing callback runs from wherever it lands, and is not a call)."""
+    broken = set()
+    for kind, caller, callee_file, function, zone in _records(directory):
+        if (callee_file, function) in _LANDING_CALLBACKS or function == "<module>" or zone == "import":
+            continue
+        part = _PART_OF.get(callee_file)
+        if part is not None and callee_file not in part.facade and (kind == "host" or _PART_OF.get(caller) != part):
+            broken.add(f"{caller} calls {callee_file}:{function}, past the facade of {part.title}")
+        if kind == "patches" and caller in LEAVES:
+            broken.add(f"the leaf helper {caller} calls {callee_file}:{function}")
+    return sorted(broken)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ if OUT:
               ("profiler/files.py", "write_trace"): "after the printed text",
               ("profiler/files.py", "write_tensorboard_scalars"): "after the printed text",
               ("profiler/sources.py", "GatheredReports.trace"): "after the printed text",
+              ("profiler/sources.py", "GatheredReports.write"): "after the printed text",
               ("profiler/api.py", "ProfilerAPI.hold"): "after the printed text"}
     _names = {}
     _seen = set()
@@ -74,7 +75,12 @@ if OUT:
         back = frame.f_back
         caller = _name(back.f_code.co_filename) if back is not None else None
         if caller is not None and caller[1] != callee[1]:
-            row = (caller[0], caller[1], callee[1], qualname, zones[-1] if zones else "")
+            # a call into a zone's own function carries "entering <zone>", so that the reader can leave out the
+            # way into a zone as well as what runs inside it
+            where = zones[-1] if zones else (f"entering {zone}" if zone is not None else "")
+            if back.f_code.co_name == "<module>":  # a module's own code, run as it is imported
+                where = "import"
+            row = (caller[0], caller[1], callee[1], qualname, where)
             if row not in _seen:
                 _seen.add(row)
                 _write()
