@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 # A script: its own directory is on sys.path, so the sibling harness imports by name.
 from harness import free_port, load, machine, table
 
-from patches.partition.planner import plan_of
+from patches.partition.report_plan import plan_of
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,8 @@
-"""parse_size (patches/partition/planner.py), the memory size a user writes: decimal and binary units in any case,
+"""parse_size (patches/formats/units.py), the memory size a user writes: decimal and binary units in any case,
 decimals rounded down to a whole byte, and everything else refused in one line that names the accepted forms."""
 import pytest
 
-from patches.partition.planner import parse_size
+from patches.formats.units import parse_size
 
 FORMS = ("give a positive number of bytes, or one with KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers "
          "of 1024), upper or lower case, e.g. 80GB or 1.5GiB")

@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-from patches.formats.units import bytes_to_string
+from patches.formats.units import bytes_to_string, parse_size
 from patches.partition.memory_model import memory_terms_of, predict_peaks
-from patches.partition.planner import no_fit_line, parse_size, plan_line, plan_of
+from patches.partition.plan_lines import no_fit_line, plan_line
+from patches.partition.report_plan import plan_of
 from patches.process.errors import EXIT_BAD_INPUT
 from tests.helpers.flags import PP2
 from tests.helpers.launch import TORCHRUN, explain, run_pretrain

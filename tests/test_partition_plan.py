@@ -5,19 +5,17 @@ import random
 
 import pytest
 
+from patches.partition.plan_lines import plan_line
 from patches.partition.planner import (
-    Basis,
     LayerCost,
     balanced_parts,
-    gain_within_spread,
     least_peak_parts,
     memory_bounded_parts,
     model_iter_s,
     plan,
-    plan_from_table,
-    plan_line,
     predict,
 )
+from patches.partition.report_plan import Basis, gain_within_spread, plan_from_table
 
 
 def brute_force(costs, stages, overheads=None):

@@ -7,7 +7,8 @@ import pytest
 
 from patches.cli.plan_partition import main
 from patches.partition.memory_model import memory_terms_of, predict_peaks
-from patches.partition.planner import plan_line, plan_of
+from patches.partition.plan_lines import plan_line
+from patches.partition.report_plan import plan_of
 from tests.helpers.golden import GOLDEN
 
 REPORT = GOLDEN / "fork.report.json"

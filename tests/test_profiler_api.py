@@ -7,11 +7,11 @@ import weakref
 from patches.profiler.api import ProfilerAPI
 from patches.profiler.attachment import attached, attachment_of
 from patches.profiler.context import RunDescription
+from patches.profiler.local_sources import LocalReport
 from patches.profiler.measurement import CountingPass, StageMeasurement
 from patches.profiler.one_step import ProfileSchedule
 from patches.profiler.pipeline_profiler import PipelineFlopsProfiler
 from patches.profiler.report import build_report
-from patches.profiler.sources import LocalReport
 from tests.test_profiler_report import make_context, rank_entries
 
 

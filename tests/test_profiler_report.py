@@ -12,7 +12,8 @@ import pytest
 from patches.profiler.files import load_schema, validate_report, write_json
 from patches.profiler.peaks import peak_tflops_for
 from patches.profiler.printer import HEADER, format_report
-from patches.profiler.report import NOTES, aggregate_by_depth, build_report, merge_stage_trees
+from patches.profiler.report import NOTES, build_report
+from patches.profiler.tree_merge import aggregate_by_depth, merge_stage_trees
 from tests.helpers.contexts import report_context
 
 PP, TP, DP = 2, 2, 2

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from patches.profiler.printer import HEADER
-from patches.profiler.report import aggregate_by_depth
 from patches.profiler.store_exchange import MIN_WAIT_S
+from patches.profiler.tree_merge import aggregate_by_depth
 from tests.helpers.flags import PP2_TP2, TINY_GPT
 from tests.helpers.golden import assert_report_as_golden, assert_text_as_golden
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch

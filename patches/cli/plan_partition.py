@@ -17,9 +17,10 @@ import re
 import sys
 from typing import List, Optional
 
-from patches.formats.units import bytes_to_string, duration_to_string
+from patches.formats.units import bytes_to_string, duration_to_string, parse_size
 from patches.partition.memory_model import memory_terms_of
-from patches.partition.planner import no_fit_line, parse_size, plan_line, plan_of, read_report, what_if_line
+from patches.partition.plan_lines import no_fit_line, plan_line, what_if_line
+from patches.partition.report_plan import plan_of, read_report
 from patches.process.errors import PatchConfigError
 
 # as the Megatron flag (patches/to_megatron/megatron_flags.py) spells it

@@ -7,7 +7,7 @@ measured run says.
     DS_PIPE_PARTITION_MEMORY_LIMIT=70GiB                                # each stage's predicted peak within it
 
 The report is the profiler's JSON (flops_profile_stepN.json) of a run of the same layers: its per-layer table
-gives each layer's measured forward, backward and recompute seconds, and the planner (planner.py)
+gives each layer's measured forward, backward and recompute seconds, and the planner (planner.py, report_plan.py)
 cuts them into this module's num_stages, contiguous, no stage empty, the slowest stage as fast as it can be;
 num_stages may differ from the profiled run's. One line on global rank 0 names the parts used. A report of
 another model (another number of layers, or other layer types) is refused with PatchConfigError, one line.
@@ -26,8 +26,10 @@ from typing import List, Optional, Tuple
 import torch.distributed as dist
 from deepspeed.runtime.pipe.module import PipelineModule
 
+from patches.formats.units import parse_size
 from patches.partition.layers import layer_types
-from patches.partition.planner import no_fit_line, parse_size, plan_of, read_report
+from patches.partition.plan_lines import no_fit_line
+from patches.partition.report_plan import plan_of, read_report
 from patches.process import store
 from patches.process.errors import PatchConfigError
 from patches.process.registry import REGISTRY
@@ -155,7 +157,7 @@ def profiled_parts(report_path: str, types: List[str], stages: int, limit: Optio
 
 def profiled_plan(report_path: str, types: List[str], stages: int, limit: Optional[int] = None,
                   source: Optional[str] = None) -> dict:
-    """The plan (planner.plan_of's dict) of `stages` stages the report's measured layers ask for, each stage's
+    """The plan (report_plan.plan_of's dict) of `stages` stages the report's measured layers ask for, each stage's
     predicted peak within `limit` bytes where one is given and the report has its memory terms (memory_fits false:
     none is, the closest). PatchConfigError where the report cannot be read, profiles another model than `types`
     (this PipelineModule's layer types, in order), or cannot honour a limit from a flag or the environment

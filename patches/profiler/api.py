@@ -13,10 +13,10 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.formats.units import duration_to_string, number_to_string, params_to_string
 from patches.profiler.files import write_json, write_trace
 from patches.profiler.layout import EngineLayout
+from patches.profiler.local_sources import HeldReport
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.printer import format_aggregated
 from patches.profiler.sources import (
-    HeldReport,
     MeasuringSource,
     ProfileIncomplete,
     ReportSource,

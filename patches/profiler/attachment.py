@@ -28,7 +28,7 @@ class AttachedMeasurement(Protocol):
 
 
 class Publisher(Protocol):
-    """What the train_batch wrapper asks of the user's pipeline profiler (sources.PublishedReports)."""
+    """What the train_batch wrapper asks of the user's pipeline profiler (local_sources.PublishedReports)."""
 
     def publish(self) -> None: ...  # the measured train_batch has returned: its stage's part goes to the store
 
@@ -52,7 +52,7 @@ class EngineAttachment:
     # set, the engine's train_batch (or forward, backward and step) are timed by it.
     measurement: Optional[AttachedMeasurement] = None
     # Publishes the attached measurement when the measured train_batch returns: the user's own FlopsProfiler code
-    # on a PipelineEngine (sources.PublishedReports); None otherwise.
+    # on a PipelineEngine (local_sources.PublishedReports); None otherwise.
     publisher: Optional[Publisher] = None
     # The DeepSpeed config's flops_profiler section (flops_profiler_config.SectionDoor), where it serves this
     # engine: None where it is off, or where a training loop's --profile-flops-step took the engine over.

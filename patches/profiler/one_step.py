@@ -264,7 +264,7 @@ class ProfileSchedule:
             if not warned_not_built(error, f"no report of iteration {opened.iteration}"):
                 raise
             return None
-        counting = reports.ready()["flops_counting"]  # broadcast: every rank decides alike
+        counting = reports.flops_counting  # broadcast: every rank decides alike
         if counting["calls_differ"]:
             self._count_again(opened.iteration, counting["counted_iteration"], counting["calls_differ"])
             return None

@@ -6,7 +6,7 @@ from patches.formats.units import (
     number_to_string,
     params_to_string,
 )
-from patches.partition.planner import plan_line
+from patches.partition.plan_lines import plan_line
 from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
 from patches.profiler.notes import (
@@ -16,8 +16,8 @@ from patches.profiler.notes import (
     STAGE_TABLE_CAPTION,
     STRAGGLER_TABLE_CAPTION,
 )
-from patches.profiler.report import aggregate_by_depth
 from patches.profiler.stragglers import METRICS
+from patches.profiler.tree_merge import aggregate_by_depth
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78

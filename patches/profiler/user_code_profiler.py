@@ -12,11 +12,11 @@ removes every hook and publishes its measurements under its own key of the proce
 nothing it does waits for another rank. A rank that asks for the report (any getter, a print,
 write_json) reads the other ranks' publications, waiting a bounded time for each: stages that did not
 profile are named in one line instead of a report, never waited on forever. No collective is entered,
-so no subset of ranks driving this API can leave one half-entered (sources.PublishedReports).
+so no subset of ranks driving this API can leave one half-entered (local_sources.PublishedReports).
 
 On a plain DeepSpeedEngine (engine.flops_profiler, with the config section on) the user's own start /
 stop / print, on any ranks, report the calling rank's measurements, as stock DeepSpeed's does
-(sources.LocalReport). The config section's own profile (flops_profiler_config.py) is gathered
+(local_sources.LocalReport). The config section's own profile (flops_profiler_config.py) is gathered
 collectively, at a point every rank passes, and then held by engine.flops_profiler (ProfilerAPI.hold).
 """
 from typing import Optional
@@ -28,8 +28,9 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from patches.process.registry import pipeline_engine_of
 from patches.profiler.api import ProfilerAPI
 from patches.profiler.layout import runs_a_schedule
+from patches.profiler.local_sources import LocalReport, PublishedReports
 from patches.profiler.measurement import StageMeasurement
-from patches.profiler.sources import LocalReport, ProfileIncomplete, PublishedReports
+from patches.profiler.sources import ProfileIncomplete
 
 __all__ = ["ProfileIncomplete", "UserCodeFlopsProfiler"]
 

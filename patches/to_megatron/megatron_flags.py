@@ -52,7 +52,7 @@ def memory_limit_of(args: Namespace) -> Optional[int]:
     text = getattr(args, "pp_partition_memory_limit", None)
     if text is None:
         return None
-    from patches.partition.planner import parse_size
+    from patches.formats.units import parse_size
 
     try:
         return parse_size(text)
@@ -68,7 +68,7 @@ def check_profiler_flags(args: Namespace) -> None:
     report = getattr(args, "pp_partition_from_profile", None)
     if report is not None:
         from patches.partition.memory_model import memory_terms_of
-        from patches.partition.planner import read_report
+        from patches.partition.report_plan import read_report
 
         content = read_report(report)
         if not content.get("layers"):

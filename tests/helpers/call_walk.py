@@ -68,8 +68,8 @@ PARTS = (
     Part("the stage measurement", _profiler("measurement"), _profiler(
         "engine_hooks", "memory", "allocator_trace", "held_state", "kept_activations", "module_profiler",
         "module_tree", "module_hooks", "flop_counting", "flop_formulas", "phase_stack", "phases", "gc_pauses")),
-    Part("the report", _profiler("sources", "printer", "files"), _profiler(
-        "gather", "context", "report", "trace", "entry", "notes", "peaks", "store_exchange",
+    Part("the report", _profiler("sources", "local_sources", "printer", "files"), _profiler(
+        "gather", "context", "report", "tree_merge", "trace", "entry", "notes", "peaks", "store_exchange",
         "stragglers", "memory_report")),
     Part("the user's profiler", _profiler("api", "user_code_profiler", "pipeline_profiler"), ()),
 )

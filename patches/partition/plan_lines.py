@@ -1,0 +1,94 @@
+"""A plan in words: the `partition:` line under the report's layer table and megatron-plan-partition's, what its
+times rest on, and where memory does not fit."""
+from typing import Optional
+
+from patches.formats.units import bytes_to_string, duration_to_string
+
+
+def _as_ran(plan: dict) -> str:
+    return (f"stage {plan['current_bounding_stage']} bounds at {duration_to_string(plan['current_bound_s'])} "
+            f"with parts {plan['current_parts']}")
+
+
+def _limit(plan: dict) -> str:
+    source = plan.get("memory_limit_source")
+    return f"{bytes_to_string(plan['memory_limit_bytes'])}" + (f" ({source})" if source else "")
+
+
+def memory_note(plan: dict) -> str:
+    """What the plan says of memory, '' where it has no limit: the stage with the least headroom under the limit,
+    or that the limit could not be read against (a report without memory terms)."""
+    if plan.get("memory_limit_bytes") is None:
+        return ""
+    peaks = plan.get("predicted_peak_bytes")
+    if peaks is None:
+        return f"; the memory limit of {_limit(plan)} is not honoured: the report has no memory terms"
+    tightest = peaks.index(max(peaks))
+    return (f"; stage {tightest} has the least memory headroom, {bytes_to_string(peaks[tightest])} predicted of "
+            f"{_limit(plan)}")
+
+
+def no_fit_line(plan: dict) -> str:
+    """A plan with memory_fits false, in one line: by how much the partition closest to the limit exceeds it."""
+    peaks = plan["predicted_peak_bytes"]
+    worst = peaks.index(max(peaks))
+    return (f"no partition of these {plan['parts'][-1]} layers into "
+            f"{plan['pipeline_parallel_size']} stages keeps every stage's predicted memory peak within "
+            f"{_limit(plan)}: the closest, parts {plan['parts']}, exceeds it by {plan['memory_excess_bytes']:,} bytes "
+            f"({bytes_to_string(plan['memory_excess_bytes'])}) on stage {worst}, "
+            f"{bytes_to_string(peaks[worst])} predicted")
+
+
+def plan_line(plan: dict) -> str:
+    """'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 5, 7] the bound is ...' (the printer's line
+    under the layer table, and megatron-plan-partition's), then what its times rest on; under a memory limit, the
+    stage with the least headroom, or, where no partition fits, by how much the closest exceeds (no_fit_line)."""
+    current = _as_ran(plan)
+    if plan.get("memory_fits") is False:
+        return f"partition: {current}; {no_fit_line(plan)}"
+    if plan["parts"] == plan["current_parts"]:
+        within = " within the memory limit" if plan.get("memory_limit_bytes") is not None else ""
+        return (f"partition: {current}, already the best contiguous one for these layers' measured times{within}"
+                + memory_note(plan))
+    return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
+            f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
+            f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
+            f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}{spread_words(plan)}"
+            + memory_note(plan))
+
+
+def basis_words(basis: Optional[dict]) -> str:
+    """'' for a plan without a basis (a report from before it); else how sure its times are, in a few words."""
+    if not basis:
+        return ""
+    if basis.get("note"):
+        return f" (unsure: {basis['note']})"
+    iterations = basis["iterations"]
+    spread = f", spread {100 * basis['spread']:.1f}%" if basis.get("spread") is not None else ""
+    return f" (over iterations {', '.join(map(str, iterations))}{spread})"
+
+
+def spread_words(plan: dict) -> str:
+    """'' unless the predicted gain is within the spread of the iterations the plan rests on; then that these
+    measurements cannot support acting on it."""
+    if not plan.get("gain_within_spread"):
+        return ""
+    return "; the gain is within that spread, so these measurements cannot tell it from noise"
+
+
+def what_if_line(plan: dict) -> str:
+    """plan_of(..., cut_at=parts) as one line: 'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 2, 7]
+    (pp 2) stage 0 bounds at ...' (megatron-plan-partition --parts: a partition the user names, which may be worse);
+    under a memory limit, the stage with the least headroom or by how much the largest peak exceeds it."""
+    bounding = plan["stage_s"].index(plan["bound_s"])
+    line = (f"partition: {_as_ran(plan)}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) "
+            f"stage {bounding} bounds at {duration_to_string(plan['bound_s'])}, iteration "
+            f"{duration_to_string(plan['predicted_iter_s'])} predicted against "
+            f"{duration_to_string(plan['measured_iter_s'])} measured, {100 * plan['predicted_change']:+.1f}%"
+            f"{basis_words(plan.get('basis'))}")
+    if plan.get("memory_fits") is False:
+        peaks = plan["predicted_peak_bytes"]
+        worst = peaks.index(max(peaks))
+        return (line + f"; stage {worst}'s predicted memory peak, {bytes_to_string(peaks[worst])}, exceeds "
+                f"{_limit(plan)} by {plan['memory_excess_bytes']:,} bytes")
+    return line + memory_note(plan)

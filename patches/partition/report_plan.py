@@ -1,0 +1,198 @@
+"""A saved report's plan: the partition its measured layers ask for (planner.py), under a memory limit where its
+memory terms allow (memory_model.py), as the report's `partition_plan` and megatron-plan-partition print it; and the
+report read from a file, checked for what planning reads.
+"""
+import json
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from patches.formats.units import bytes_to_string
+from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
+from patches.partition.planner import DEVICE, LayerCost, PeakOf, plan, predict
+from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
+from patches.process.errors import PatchConfigError
+
+
+def plan_parts_of(replica: List[dict]) -> Optional[List[int]]:
+    """The partition that ran, as the replica's entries recorded it (PipelineModule.parts)."""
+    return next((entry.get("parts") for entry in replica if entry.get("parts")), None)
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a plan's times rest on: the steady iteration they are scaled to, and how steady it was."""
+    time_scale: float = 1.0  # the measured layer times x this: unprofiled / profiled iteration, on one clock
+    iterations: Tuple[int, ...] = ()  # the unprofiled iterations the iteration time is the median of
+    spread: Optional[float] = None  # (slowest - fastest) / median of those
+    note: Optional[str] = None  # why the basis is weak (a warm-up baseline, none), or None
+
+    def as_dict(self) -> dict:
+        return {"time_scale": self.time_scale, "iterations": list(self.iterations), "spread": self.spread,
+                "note": self.note}
+
+
+def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
+                   micro_batches: int, basis: Basis = Basis(), limit: Optional[int] = None,
+                   source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
+    """The best contiguous partition of the measured layers over the stages that ran, and what it predicts
+    (above), beside the partition that ran; None without a layer table (or with one stage). limit: each stage's
+    memory peak at most this many bytes, where the stages and layers have their memory terms (source: where the
+    limit came from, 'flag', 'environment' or 'device')."""
+    if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
+        return None
+    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis=basis,
+                           memory=memory_terms_of({"stages": stages, "layers": layers}), limit=limit, source=source,
+                           schedule=schedule)
+
+
+def peak_of(memory, stages: int, micro_batches: int, schedule: Optional[str]) -> Optional[PeakOf]:
+    """peak(stage, first, stop) for `stages` stages from memory_model's (layers, positions) terms; None where the
+    terms are missing or cannot say (another number of stages under another schedule than 1F1B)."""
+    if memory is None:
+        return None
+    layers, positions = memory
+    try:
+        chosen = positions_for(positions, stages, micro_batches, schedule)
+    except ValueError:
+        return None
+    state, kept = [0], [0]
+    for layer in sorted(layers, key=lambda layer: layer.index):
+        state.append(state[-1] + layer.state_bytes)
+        kept.append(kept[-1] + layer.activation_bytes)
+
+    def peak(stage: int, first: int, stop: int) -> int:
+        return stage_peak(state[stop] - state[first], kept[stop] - kept[first], chosen[stage]).predicted_peak_bytes
+
+    return peak
+
+
+def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
+                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None,
+                    basis: Optional[Basis] = None, memory=None, limit: Optional[int] = None,
+                    source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
+    """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
+    cut_at: the prediction for these parts instead of the best ones. basis.time_scale scales every measured
+    time (the layers' and the stages' overheads, `overheads` as measured) to the steady iteration `iter_s`.
+    memory: memory_model.memory_terms_of's (layers, positions), for each stage's predicted peak; limit: the best
+    parts under it, by the same scaled times (source: where it came from); schedule: the run's, for the in-flight
+    micro-batches of another number of stages."""
+    ran = len(parts) - 1
+    pp = len(cut_at) - 1 if cut_at else pp or ran
+    if len(layers) < pp or shared_on_one_stage(layers):
+        return None
+    scale = basis.time_scale if basis is not None else 1.0
+    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * scale) for row in layers]
+    scaled_overheads = [overhead * scale for overhead in overheads]
+    current = [sum(cost.seconds for cost in costs if cost.stage == s) + scaled_overheads[s] for s in range(ran)]
+    peak = peak_of(memory, pp, micro_batches, schedule)
+    if peak is None and source == DEVICE:  # the device's memory is a default, not asked for: planned by time
+        limit = source = None
+    best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, cut_at) if cut_at else \
+        plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit)
+    peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None
+    fits = max(peaks) <= limit if peaks is not None and limit is not None else None
+    change = best.predicted_iter_s / iter_s - 1
+    return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
+            "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
+            "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
+            "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
+            "predicted_change": change, "predicted_bubble": best.predicted_bubble,
+            "basis": basis.as_dict() if basis is not None else None,
+            "gain_within_spread": gain_within_spread(change, best.parts != list(parts), basis),
+            "memory_limit_bytes": limit, "memory_limit_source": source if limit is not None else None,
+            "predicted_peak_bytes": peaks, "memory_fits": fits,
+            "memory_excess_bytes": max(peaks) - limit if fits is False else None}
+
+
+def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Optional[bool]:
+    """Whether a plan's predicted gain is no larger than the spread of the steady iterations its times rest on (the
+    measurements cannot tell such a gain from their own variation); None where nothing moves or no spread was
+    measured."""
+    if not moved or basis is None or basis.spread is None or basis.note is not None:
+        return None
+    return -change <= basis.spread
+
+
+def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None,
+            limit: Optional[int] = None, source: Optional[str] = None) -> dict:
+    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it;
+    cut_at: its prediction for these parts instead (a partition the plan did not choose). limit (bytes): plan
+    with every stage's predicted peak within it (source: where it came from). A limit that the report's memory
+    terms cannot honour is a PatchConfigError, unless it is the device's (a default: planned by time)."""
+    plan = report.get("partition_plan") or {}
+    parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
+    overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
+    iter_s = report["totals"]["throughput_iter_s"]
+    shared = shared_on_one_stage(report["layers"])
+    if shared:
+        raise PatchConfigError(
+            f"layers {' and '.join(str(i) for i in shared[0])} of the profile report ran one tied module on one "
+            "stage: their times cannot be told apart, so no plan is made from it (profile a partition that puts "
+            "them on different stages)")
+    stored = plan.get("basis")  # None in a report from before plans had one
+    basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"]) \
+        if stored else None
+    memory = memory_terms_of(report)
+    micro_batches = report["parallelism"]["micro_batches"]
+    schedule = (report.get("bubble") or {}).get("schedule")
+    asked = limit is not None and source != DEVICE
+    if asked and memory is None:
+        raise PatchConfigError(
+            f"a memory limit of {bytes_to_string(limit)} cannot be honoured: the profile report has no memory terms "
+            "(each stage's memory and each layer's state and activation bytes, measured by this profiler on a "
+            "pipeline run)")
+    if asked and peak_of(memory, len(cut_at) - 1 if cut_at else stages or len(parts) - 1, micro_batches,
+                         schedule) is None:
+        planned = len(cut_at) - 1 if cut_at else stages
+        raise PatchConfigError(
+            f"a memory limit of {bytes_to_string(limit)} cannot be honoured for {planned} stages: the run's schedule "
+            f"({schedule}) keeps micro-batches in flight in a way not known for them (plan for {len(parts) - 1})")
+    return plan_from_table(report["layers"], parts, overheads, iter_s, micro_batches, stages, cut_at, basis, memory,
+                           limit, source, schedule)
+
+
+def _parts_from_layers(layers):
+    stages = max(row["stage"] for row in layers) + 1
+    return [min(row["index"] for row in layers if row["stage"] == s) for s in range(stages)] + [len(layers)]
+
+
+def read_report(path: str) -> dict:
+    """The profiler's JSON at `path`, checked for what planning reads. PatchConfigError, one line, otherwise."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except OSError as error:
+        raise PatchConfigError(f"the profile report {path} cannot be read: {error.strerror}") from None
+    except ValueError as error:
+        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {error}") from None
+    problem = _what_planning_lacks(report)
+    if problem:
+        raise PatchConfigError(f"the profile report {path} is not the profiler's JSON: {problem}")
+    return report
+
+
+_LAYER_FIELDS = {"index": int, "type": str, "stage": int, "fwd_latency_s": (int, float),
+                 "bwd_latency_s": (int, float), "recompute_latency_s": (int, float)}
+
+
+def _what_planning_lacks(report) -> Optional[str]:
+    """What a report lacks of the fields planning reads (a missing layer table is the callers' to say)."""
+    if not isinstance(report, dict):
+        return f"a JSON {type(report).__name__}, not an object"
+    for section, field, kind in (("totals", "throughput_iter_s", (int, float)),
+                                 ("parallelism", "micro_batches", int)):
+        value = report.get(section, {}).get(field) if isinstance(report.get(section), dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"no {section}.{field}"
+    layers = report.get("layers")
+    if layers is None:
+        return None
+    if not isinstance(layers, list):
+        return "its layers are not a list"
+    for position, row in enumerate(layers):
+        for field, kind in _LAYER_FIELDS.items():
+            if not isinstance(row, dict) or not isinstance(row.get(field), kind) or isinstance(row.get(field), bool):
+                return f"layer {position} has no {field}"
+    if sorted(row["index"] for row in layers) != list(range(len(layers))):
+        return "its layers are not numbered 0 to n - 1"
+    return None
