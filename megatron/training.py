@@ -225,7 +225,8 @@ def _describe_run(args):
     own FlopsProfiler code's through the door, which hands it to the engine)."""
     return gpt_run_description(args, pipeline_stage_layers(args), peak_tflops=args.peak_tflops,
                                # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
-                               activation_checkpointing=bool(args.checkpoint_activations))
+                               activation_checkpointing=bool(args.checkpoint_activations)
+                               or any(args.pp_recompute_layers or ()))
 
 
 def _record_loss(args, iteration, loss):

@@ -30,6 +30,7 @@ from patches.profiler.analytic_flops import (
 from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch
+from tests.helpers.recompute_count import ranks_that_counted, recompute_calls
 from tests.helpers.tiny_gpt import expected_flops
 
 LAYERS, MICRO_BATCHES, SEQUENCES = 4, 4, 8  # global batch 8 of micro-batches of 2
@@ -117,11 +118,8 @@ def _run(name, tmp_path_factory):
                          via=TORCHRUN)
         assert process.returncode == 0, explain(process)
         output = process.stdout + process.stderr
-        calls = {}
-        for line in re.findall(r"recomputed layer forwards: (\{.*\})", output):
-            for layer, n in json.loads(line)["calls"].items():
-                calls[int(layer)] = calls.get(int(layer), 0) + n
-        assert len(re.findall(r"recomputed layer forwards: ", output)) == RUNS[name][0]
+        calls = recompute_calls(output)
+        assert ranks_that_counted(output) == RUNS[name][0]
         _runs[name] = output, json.loads((tmp / "flops_profile_step1.json").read_text()), calls
     return _runs[name]
 

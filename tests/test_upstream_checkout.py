@@ -496,3 +496,48 @@ def test_the_partition_planned_from_a_profile_runs_in_upstream(workdir):
     assert sorted(first_losses) == [1, 2, 3, 4] and sorted(planned_losses) == [3, 4]
     assert planned_losses[3] == first_losses[3]  # bitwise: the weights moved exactly
     assert planned_losses[4] != first_losses[4]  # the optimizer state was not loaded
+
+
+# Activation recompute per stage (--pp-recompute-layers, patches/to_deepspeed/stage_recompute.py). Upstream's specs
+# on pp 2 put transformer layers 1, 2 on stage 0 and 3, 4 on stage 1.
+NO_DROPOUT = ["--attention-dropout", 0, "--hidden-dropout", 0]
+
+
+def test_each_stage_recomputes_the_layers_it_is_told(workdir):
+    """2,2: every layer alone, as upstream's --checkpoint-activations --checkpoint-num-layers 1 (losses bitwise, FLOPs
+    torch's count of that plain launch); Megatron-LM's --recompute-method block --recompute-num-layers 1, which
+    upstream's pipeline leaves undone, recomputes layers 1 and 3 (dropout off: losses bitwise those of the plain
+    launch, which recomputes nothing)."""
+    plain, plain_losses = run_upstream(workdir, "recompute_plain", 2, 1, via_module=False,
+                                       count_flops_of=PROFILE_STEP)
+    assert plain.returncode == 0, explain(plain)
+    out = workdir[0] / "recompute_every_profile"
+    every, every_losses = run_upstream(workdir, "recompute_every", 2, 1, via_module=True, checkpointing=False, extra=[
+        "--deepspeed-activation-checkpointing", "--pp-recompute-layers", "2,2", "--profile-flops-step", PROFILE_STEP,
+        "--profile-flops-output", out])
+    assert every.returncode == 0, explain(every)
+    assert sorted(plain_losses) == [1, 2, 3] and every_losses == plain_losses
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    totals = report["totals"]
+    assert report_totals(report) == hand_count(1)
+    assert totals["fwd_flops"] + totals["bwd_flops"] + totals["recompute_flops"] == \
+        torch_flops(workdir, "recompute_plain", 2)
+    assert totals["analytic"]["recompute_flops"] == totals["recompute_flops"]
+
+    unrecomputed, unrecomputed_losses = run_upstream(
+        workdir, "recompute_none", 2, 1, via_module=False, checkpointing=False,
+        extra=NO_DROPOUT + ["--recompute-granularity", "full", "--recompute-method", "block",
+                            "--recompute-num-layers", 1])
+    assert unrecomputed.returncode == 0, explain(unrecomputed)
+    out = workdir[0] / "recompute_block_profile"
+    block, block_losses = run_upstream(workdir, "recompute_block", 2, 1, via_module=True, checkpointing=False, extra=[
+        *NO_DROPOUT, "--deepspeed-activation-checkpointing", "--recompute-granularity", "full", "--recompute-method",
+        "block", "--recompute-num-layers", 1, "--profile-flops-step", PROFILE_STEP, "--profile-flops-output", out])
+    assert block.returncode == 0, explain(block)
+    assert sorted(block_losses) == [1, 2, 3] and block_losses == unrecomputed_losses
+    report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
+    layer_fwd = hand_count(1)["recompute_flops"] // LAYERS
+    assert report["totals"]["recompute_flops"] == 2 * layer_fwd
+    assert [row["index"] for row in report["layers"] if row["recompute_flops"]] == [
+        row["index"] for row in report["layers"] if row["type"].endswith("ParallelTransformerLayerPipe")][0::2]
+    assert report["totals"]["analytic"]["recompute_flops"] == 2 * layer_fwd

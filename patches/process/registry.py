@@ -1,7 +1,8 @@
 """What the patch set keeps for the whole process, in one place: its only module-level state.
 
 - which patches are applied (patches.apply() and the Megatron patches run once);
-- what the Megatron flags set for every pipeline of the run (--pp-partition-from-profile, --no-load-optim);
+- what the Megatron flags set for every pipeline of the run (--pp-partition-from-profile, --no-load-optim,
+  --pp-recompute-layers);
 - how many engines and PipelineModules this process built: every rank builds them in the same order, so the
   n-th one's keys in the process group's store name the same object on every rank;
 - which PipelineEngine a PipelineModule belongs to, for FlopsProfiler(model[0].module);
@@ -11,7 +12,7 @@ Everything the profiler keeps about one engine lives on that engine (profiler/at
 """
 import weakref
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.pipe.module import PipelineModule
@@ -23,6 +24,8 @@ class RunSettings:
     partition_report: Optional[str] = None  # --pp-partition-from-profile: cut every PipelineModule by this report
     partition_memory_limit: Optional[int] = None  # --pp-partition-memory-limit: plan under it (bytes)
     drop_optimizer_state_across_partitions: bool = False  # --no-load-optim: resume across partitions without it
+    # --pp-recompute-layers: stage s of every PipelineModule recomputes the first K_s of its checkpointable layers
+    recompute_layers: Optional[Tuple[int, ...]] = None
 
 
 @dataclass

@@ -87,6 +87,11 @@ def recomputed_layers(args: Namespace, transformer_layers_per_stage: Optional[Se
     (pipeline_recomputed_layers); ignored under --no-pipeline-parallel, where every chunk of N is recomputed."""
     if stage_layers is not None and transformer_layers_per_stage is None:
         transformer_layers_per_stage = [sum(isinstance(layer, int) for layer in layers) for layers in stage_layers]
+    per_stage = per_stage_recompute(args)
+    if per_stage is not None:
+        if transformer_layers_per_stage is None:
+            raise ValueError("--pp-recompute-layers: the analytic recompute needs the transformer layers per stage")
+        return sum(min(asked, count) for asked, count in zip(per_stage, transformer_layers_per_stage))
     if args.recompute_method != "block":
         if _is_chunked_pipeline(args, stage_layers):
             return len(pipeline_recomputed_layers(stage_layers, args.checkpoint_num_layers))
@@ -96,13 +101,29 @@ def recomputed_layers(args: Namespace, transformer_layers_per_stage: Optional[Se
     return sum(min(args.checkpoint_num_layers, count) for count in transformer_layers_per_stage)
 
 
+def per_stage_recompute(args: Namespace) -> Optional[Sequence[int]]:
+    """--pp-recompute-layers' counts (stage s recomputes its first K_s transformer layers), or None."""
+    counts = getattr(args, "pp_recompute_layers", None)
+    return counts if isinstance(counts, (tuple, list)) else None
+
+
 def _numbers(layers: Sequence[int]) -> str:
     return ", ".join(str(layer) for layer in layers) if layers else "none"
 
 
 def recompute_shortfall(args: Namespace, stage_layers: Optional[Sequence[StageLayers]]) -> Optional[str]:
     """One line saying which transformer layers DeepSpeed's pipeline recomputes, and why, where that is fewer
-    than --checkpoint-activations asks (all of them); None where it recomputes what the flags ask."""
+    than --checkpoint-activations asks (all of them), or a stage holds fewer than --pp-recompute-layers asks it to
+    recompute; None where it recomputes what the flags ask."""
+    per_stage = per_stage_recompute(args)
+    if per_stage is not None and stage_layers is not None:
+        short = [(stage, asked, sum(isinstance(layer, int) for layer in layers))
+                 for stage, (asked, layers) in enumerate(zip(per_stage, stage_layers))]
+        short = [f"stage {stage} holds {held}, not {asked}" for stage, asked, held in short if held < asked]
+        if not short:
+            return None
+        return (f"--pp-recompute-layers {','.join(map(str, per_stage))}: a stage recomputes every transformer layer "
+                f"it holds where it holds fewer than asked: {'; '.join(short)}")
     if not _is_chunked_pipeline(args, stage_layers):
         return None
     interval = args.checkpoint_num_layers
@@ -132,7 +153,7 @@ def gpt_flops_per_iteration(args: Namespace, transformer_layers_per_stage: Optio
     layers = args.num_layers * layer_forward_flops(batch, args.seq_length, shape)
     head = 2 * batch * args.seq_length * args.hidden_size * args.padded_vocab_size
     forward = layers + head
-    if args.checkpoint_activations:
+    if args.checkpoint_activations or per_stage_recompute(args) is not None:
         recompute = recomputed_layers(args, transformer_layers_per_stage, stage_layers) * layer_forward_flops(
             batch, args.seq_length, shape)
     elif args.recompute_granularity == "selective":

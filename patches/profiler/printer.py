@@ -126,6 +126,21 @@ def _flops_of_model(report, prefix):
     return text
 
 
+def _recomputed_per_stage(report) -> str:
+    """'stage 0: layers 1, 2 of 3; stage 1: none of 4' from the layer table (the layers whose recompute ran: their
+    recompute FLOPs); '' where nothing recomputed or the report has no layer table."""
+    layers = report.get("layers") or []
+    if not any(row["recompute_flops"] for row in layers):
+        return ""
+    parts = []
+    for stage in report["stages"]:
+        rows = [row for row in layers if row["stage"] == stage["stage_id"]]
+        recomputed = [str(row["index"]) for row in rows if row["recompute_flops"]]
+        which = (f"layer{'s' if len(recomputed) > 1 else ''} {', '.join(recomputed)}" if recomputed else "none")
+        parts.append(f"stage {stage['stage_id']}: {which} of {len(rows)}")
+    return "; ".join(parts)
+
+
 def _summary(report):
     totals, par = report["totals"], report["parallelism"]
     pp, tp, dp = par["pipeline_parallel_size"], par["tensor_parallel_size"], par["data_parallel_size"]
@@ -144,6 +159,8 @@ def _summary(report):
         line("seq length", par["seq_length"] if par.get("seq_length") else "n/a"),
         line("activation checkpointing", "yes" if report["activation_checkpointing"] else "no"),
         *([line("recomputed layers", report["recompute_note"])] if report.get("recompute_note") else []),
+        *([line("layers recomputed, per stage", _recomputed_per_stage(report))]
+          if _recomputed_per_stage(report) else []),
         *([line("collected", report["collection_note"])] if report.get("collection_note") else []),
         *([line("flops counted", report["flops_counting"]["note"])] if report.get("flops_counting") else []),
         *([line("optimizer step", "skipped (fp16 loss-scale overflow): no update in the step latency")]

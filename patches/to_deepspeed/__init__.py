@@ -33,6 +33,7 @@ def install() -> None:
         pipeline_checkpoint,
         pipeline_timers,
         section_timers,
+        stage_recompute,
         zero_pipeline_groups,
     )
 
@@ -46,7 +47,7 @@ def install() -> None:
     if missing_from(engine_methods):  # every other patch acts through the engines' wrappers
         return
     applied = [patch for patch in (section_timers, flops_profiler_config, pipeline_timers, flops_profiler_class,
-                                   partition_method, pipeline_checkpoint, zero_pipeline_groups)
+                                   partition_method, stage_recompute, pipeline_checkpoint, zero_pipeline_groups)
                if not missing_from(patch)]
     for patch in applied:
         if hasattr(patch, "install"):

@@ -9,12 +9,16 @@ Megatron-DeepSpeed's (through patches.to_megatron.megatron_upstream) both add th
     --pp-partition-memory-limit SIZE
                                  plan (that cut, and the report's plan) with every stage's predicted memory peak
                                  within SIZE (80GB, 70GiB, bytes); default: the device's memory, none on CPU
+    --pp-recompute-layers K0,K1,...
+                                 stage s recomputes the first K_s of its transformer layers (partition/recompute.py)
 """
 import os
 import tempfile
 from argparse import ArgumentParser, Namespace
 from typing import Any, Optional
 
+from patches.partition.recompute import FLAG as RECOMPUTE_FLAG
+from patches.partition.recompute import parse_recompute_layers
 from patches.process.errors import PatchConfigError
 from patches.profiler.one_step import COUNT_IN_PREVIOUS, COUNTING_CHOICES
 
@@ -44,6 +48,10 @@ def add_profiler_flags(parser: ArgumentParser) -> Any:
                        help="plan the partition (--pp-partition-from-profile's, and the profile report's plan) with "
                             "every stage's predicted memory peak within SIZE: bytes, or with KB, MB, GB, TB or KiB, "
                             "MiB, GiB, TiB (e.g. 80GB, 70GiB); default: the device's memory (none on CPU)")
+    group.add_argument(RECOMPUTE_FLAG, default=None, metavar="K0,K1,...",
+                       help="activation recompute per pipeline stage: stage s recomputes the first K_s of its "
+                            "transformer layers, each its own checkpoint (DeepSpeed's checkpoint function and "
+                            "activation_checkpointing config); instead of --checkpoint-activations")
     return group
 
 
@@ -64,6 +72,7 @@ def check_profiler_flags(args: Namespace) -> None:
     """Raise PatchConfigError on a --profile-flops-step that could never run or report, or a partition report that
     cannot be planned from (or not under the memory limit given). A Megatron adds its own checks (what its training
     loop can end on) after these."""
+    check_recompute_flag(args)
     limit = memory_limit_of(args)
     report = getattr(args, "pp_partition_from_profile", None)
     if report is not None:
@@ -93,13 +102,35 @@ def check_profiler_flags(args: Namespace) -> None:
         raise PatchConfigError(f"--profile-flops-output {output} is not a writable directory ({problem})")
 
 
+def check_recompute_flag(args: Namespace) -> None:
+    """--pp-recompute-layers: one count per pipeline stage, on DeepSpeed's pipeline, and not with another way of
+    saying what recomputes. Parsed in place (args.pp_recompute_layers becomes the counts)."""
+    text = getattr(args, "pp_recompute_layers", None)
+    if text is None or isinstance(text, tuple):
+        return
+    counts = parse_recompute_layers(text)
+    recomputing = getattr(args, "checkpoint_activations", False) or getattr(args, "recompute_granularity", None)
+    for given, flag in ((recomputing, "--checkpoint-activations or --recompute-granularity"),
+                        (getattr(args, "no_pipeline_parallel", False), "--no-pipeline-parallel")):
+        if given:
+            raise PatchConfigError(f"{RECOMPUTE_FLAG} and {flag} cannot both be given: {RECOMPUTE_FLAG} says which "
+                                   "layers each pipeline stage of DeepSpeed's pipeline recomputes")
+    stages = getattr(args, "pipeline_model_parallel_size", 1)
+    if len(counts) != stages:
+        raise PatchConfigError(f"{RECOMPUTE_FLAG} {text} names {len(counts)} pipeline stages; "
+                               f"--pipeline-model-parallel-size is {stages}")
+    args.pp_recompute_layers = counts
+
+
 def take_profiler_flags(args: Namespace) -> None:
     """check_profiler_flags, then set what the flags set for this process: the memory limit every plan is made
-    under (--pp-partition-memory-limit)."""
+    under (--pp-partition-memory-limit), the layers every pipeline stage recomputes (--pp-recompute-layers)."""
     from patches.partition.method import use_memory_limit
+    from patches.partition.recompute import use_recompute_layers
 
     check_profiler_flags(args)
     use_memory_limit(memory_limit_of(args))
+    use_recompute_layers(getattr(args, "pp_recompute_layers", None))
 
 
 def unwritable_directory(path: str) -> Optional[str]:

@@ -1,6 +1,6 @@
 """Upstream Megatron-DeepSpeed's parse_args with the profiler's flags: added to its parser, checked once parsed
 (one line and exit 2 on a bad one), and what they set for every pipeline of the run (the partition from a profile,
-the memory limit, optimizer state across partitions)."""
+the memory limit, the layers each stage recomputes, optimizer state across partitions)."""
 import functools
 from argparse import Namespace
 from typing import Callable
@@ -21,6 +21,17 @@ def check_upstream_profiler_flags(args: Namespace) -> None:
     take_profiler_flags(args)
 
 
+def block_recompute_on_the_pipeline(args: Namespace) -> None:
+    """Megatron-LM's --recompute-granularity full --recompute-method block --recompute-num-layers N, which upstream's
+    GPTModelPipe leaves undone on DeepSpeed's pipeline ("deepspeed's pipeline doesn't support the block recompute
+    method"): the first N transformer layers of every stage recompute, as --pp-recompute-layers N,N,... says."""
+    pipeline = not getattr(args, "no_pipeline_parallel", False) and getattr(args, "deepspeed", False)
+    if (pipeline and getattr(args, "pp_recompute_layers", None) is None
+            and getattr(args, "recompute_granularity", None) == "full"
+            and getattr(args, "recompute_method", None) == "block"):
+        args.pp_recompute_layers = (args.recompute_num_layers,) * args.pipeline_model_parallel_size
+
+
 def parse_args_with_profiler_flags(original: Callable) -> Callable:
     @functools.wraps(original)
     def parse_args(extra_args_provider=None, *args, **kwargs):
@@ -31,6 +42,7 @@ def parse_args_with_profiler_flags(original: Callable) -> Callable:
             return parser
 
         parsed = original(provider, *args, **kwargs)
+        block_recompute_on_the_pipeline(parsed)
         try:
             check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
