@@ -26,6 +26,7 @@ from tests.helpers.recompute_count import recompute_calls
 from tests.helpers.tiny_gpt import expected_flops
 
 LAYERS, MICRO_BATCHES, SEQUENCES = 4, 4, 8  # global batch 8 of micro-batches of 2
+SEQ_LENGTH, MICRO_BATCH_SIZE, HIDDEN = 16, 2, 32  # tests/helpers/flags.py's TINY_GPT
 LAYER_FWD = expected_flops(LAYERS, SEQUENCES)[2] // LAYERS  # one layer's forward over the iteration
 RUNS = {"2,1": [1, 2, 3], "0,2": [3, 4], "1,3": [1, 3, 4]}  # --pp-recompute-layers: the layers recomputed, by hand
 # the report's line, by layer index in the PipelineModule (0: the embedding)
@@ -152,3 +153,19 @@ def test_a_plain_pipeline_module_recomputes_per_stage_by_the_environment(tmp_pat
     assert re.search(line.format("0"), runs[None], re.M), runs[None]
     final = re.compile(r"^final loss .*$", re.M)
     assert final.search(runs["0,1,0"]).group() == final.search(runs[None]).group()
+
+
+@pytest.mark.launch
+def test_each_layer_is_measured_both_ways_whether_it_recomputed_or_not(tmp_path_factory):
+    """Layer 1 recomputes under 2,1 and not under 0,2, layer 4 the other way round: each transformer layer's bytes
+    kept whole and kept as a checkpoint (its input: a micro-batch's hidden states) are the same from either run."""
+    first, second = (_run(counts, ["--pp-recompute-layers", counts], tmp_path_factory)[1]["layers"]
+                     for counts in ("2,1", "0,2"))
+    hidden = SEQ_LENGTH * MICRO_BATCH_SIZE * HIDDEN * 4  # fp32
+    for one, other in zip(first, second):
+        if one["type"] != "ParallelTransformerLayerPipe":
+            continue
+        assert one["kept_as_checkpoint_bytes"] == other["kept_as_checkpoint_bytes"] == hidden, one["index"]
+        assert one["kept_whole_bytes"] == other["kept_whole_bytes"] > hidden, one["index"]
+        recomputed = one if one["recompute_flops"] else other
+        assert recomputed["activation_bytes"] == hidden  # a checkpointed layer keeps its input only

@@ -20,7 +20,10 @@ parameters and module buffers not at all. Where it is counted:
   (forwarded(), at its instruction's end), to the stage itself.
 
 What a checkpointed layer saves when its forward is re-run in backward (recompute) is counted apart, from the
-graph of that call: it is alive only while that micro-batch's backward runs. Tensors saved under someone else's
+graph of that call: it is alive only while that micro-batch's backward runs. So is what each layer's forward is
+called with (its input): what a checkpoint of that layer alone would keep. So one run gives a layer's bytes both
+ways: kept whole (a layer run plainly: what it keeps; a recomputed one: what its recompute saves) and kept as a
+checkpoint (its input; a recomputed one: what it keeps). Tensors saved under someone else's
 saved-tensor hooks are not read (their unpack is theirs to run): a layer that runs under them counts nothing.
 """
 import functools
@@ -46,6 +49,8 @@ class KeptBytes:
     outside_layers: int  # bytes kept by no layer (the loss; a plain module's forward)
     recompute: Dict[int, int] = field(default_factory=dict)  # layer index -> bytes its recompute saves
     micro_batches: int = 0  # forwards seen
+    # layer index -> the bytes of the tensors its forward is called with: what a checkpoint of it alone keeps
+    inputs: Dict[int, int] = field(default_factory=dict)
 
 
 class KeptActivations:
@@ -64,6 +69,7 @@ class KeptActivations:
         self._walked: List[Any] = []
         self._micro_batches: List[Dict[Optional[int], int]] = []  # per forward: layer (None: outside) -> bytes
         self._recompute: Dict[int, int] = {}
+        self._inputs: Dict[int, int] = {}
         self._undo: List[Callable[[], None]] = []
 
     def attach(self) -> None:
@@ -110,7 +116,7 @@ class KeptActivations:
                     outside = max(outside, size)
                 else:
                     layers[layer] = max(layers.get(layer, 0), size)
-        return KeptBytes(layers, outside, dict(self._recompute), len(self._micro_batches))
+        return KeptBytes(layers, outside, dict(self._recompute), len(self._micro_batches), dict(self._inputs))
 
     def _new_micro_batch(self, module, args) -> None:
         if _graph_task_id() == -1 and not self.faults.failed(MEMORY):
@@ -149,14 +155,10 @@ class KeptActivations:
         outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
         inputs = [t.grad_fn for t in _tensors(list(args) + list(kwargs.values())) if t.grad_fn is not None]
         if how == _RECOMPUTE:
-            seen, size = set(), 0
-            for tensor in _saved_in_graph(outputs, inputs):
-                read = read_storage(tensor)
-                if read is not None and read.key not in self._excluded and read.key not in seen:
-                    seen.add(read.key)
-                    size += read.nbytes
+            size = self._bytes_of(_saved_in_graph(outputs, inputs))
             self._recompute[index] = max(self._recompute.get(index, 0), size)
             return
+        self._called_with(index, list(args) + list(kwargs.values()))
         for tensor in _saved_in_graph(outputs, inputs + self._walked):
             self._count(tensor, index)
         self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]
@@ -174,10 +176,27 @@ class KeptActivations:
                 with self.faults.guard(MEMORY, "a checkpointed chunk's call"):
                     for tensor in _tensors(list(args)) + _tensors(list(kwargs.values())):
                         self._count(tensor, chunk.first)
+                    self._called_with(chunk.first, list(args) + list(kwargs.values()))
                     outputs = _tensors(result if isinstance(result, (tuple, list)) else [result])
                     self._walked += [t.grad_fn for t in outputs if t.grad_fn is not None]  # its graph is not read
             return result
         return run
+
+    def _bytes_of(self, tensors: Iterable[torch.Tensor]) -> int:
+        """The bytes of these tensors' storages, each once, parameters and buffers not at all."""
+        seen, size = set(), 0
+        for tensor in tensors:
+            read = read_storage(tensor)
+            if read is not None and read.key not in self._excluded and read.key not in seen:
+                seen.add(read.key)
+                size += read.nbytes
+        return size
+
+    def _called_with(self, layer: Optional[int], values: List[Any]) -> None:
+        """A layer's forward (or its checkpointed chunk's) was called with `values`: the most any micro-batch's
+        call held, what a checkpoint of that layer alone keeps."""
+        if layer is not None:
+            self._inputs[layer] = max(self._inputs.get(layer, 0), self._bytes_of(_tensors(values)))
 
     def _count(self, tensor: torch.Tensor, layer: Optional[int]) -> None:
         """A storage kept in this micro-batch, counted to `layer` (None: the stage) unless counted already."""

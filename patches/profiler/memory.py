@@ -40,7 +40,7 @@ this too, as it carries the dispatch mode (the report's perturbation says how mu
 """
 import contextlib
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -94,6 +94,7 @@ class StageMemory:
     not_read: Optional[str] = None  # why the allocator was not read
     allocator: Optional[AllocatorTerms] = None
     fixed_buffer_bytes: int = 0  # ZeRO's reduction buckets, the most the step held at once (none of the state)
+    layer_input_bytes: Dict[int, int] = field(default_factory=dict)  # layer index -> its forward's input, per call
 
     @property
     def state_bytes(self) -> int:
@@ -102,7 +103,7 @@ class StageMemory:
     def as_dict(self) -> dict:
         """The entry's form: JSON keys are strings, so the layers are [index, bytes] pairs in index order."""
         data = asdict(self)
-        for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes"):
+        for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes", "layer_input_bytes"):
             data[name] = sorted([int(index), int(size)] for index, size in data[name].items())
         data["state_bytes"] = self.state_bytes
         return data
@@ -267,7 +268,7 @@ class MemoryMeasurement:
             layer_recompute_bytes=kept.recompute, outside_layers_activation_bytes=kept.outside_layers,
             micro_batches=kept.micro_batches, basis=trace.basis if trace is not None else None,
             not_read=self.recorder.not_read, allocator=terms,
-            fixed_buffer_bytes=max(0, self._step_buckets - alive_at_start))
+            fixed_buffer_bytes=max(0, self._step_buckets - alive_at_start), layer_input_bytes=kept.inputs)
 
     def _layer_state_bytes(self, state: int) -> Dict[int, int]:
         """Each layer's share of the state, by its parameters on this rank."""

@@ -74,11 +74,22 @@ def per_gpu(entries: List[dict], step: int) -> Optional[Tuple[dict, dict]]:
 
 
 def add_layer_memory(layers: Optional[List[dict]], chosen: Dict[int, dict]) -> None:
-    """Each layer row's activation_bytes and state_bytes, from the entry that gave its stage's memory (chosen:
-    stage id -> entry); null where its stage measured none."""
+    """Each layer row's activation_bytes (what it kept, as it ran) and state_bytes, and its activations both ways:
+    kept_whole_bytes (run plainly: what it kept; recomputed: what its recompute saved) and kept_as_checkpoint_bytes
+    (recomputed: what it kept, its input; run plainly: what its forward was called with), from the entry that gave
+    its stage's memory (chosen: stage id -> entry); null where its stage measured none (the two ways also where the
+    entry is from before they were measured)."""
     for row in layers or ():
         measured = (chosen.get(row["stage"]) or {}).get("memory")
-        activation = dict(map(tuple, measured["layer_activation_bytes"])) if measured else {}
-        state = dict(map(tuple, measured["layer_state_bytes"])) if measured else {}
-        row["activation_bytes"] = activation.get(row["index"], 0) if measured else None
-        row["state_bytes"] = state.get(row["index"], 0) if measured else None
+        pairs = {name: dict(map(tuple, measured.get(name) or ())) if measured else {}
+                 for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes",
+                              "layer_input_bytes")}
+        kept = pairs["layer_activation_bytes"].get(row["index"], 0)
+        row["activation_bytes"] = kept if measured else None
+        row["state_bytes"] = pairs["layer_state_bytes"].get(row["index"], 0) if measured else None
+        both_ways = measured is not None and "layer_input_bytes" in measured
+        recomputed = row["index"] in pairs["layer_recompute_bytes"]
+        row["kept_whole_bytes"] = (pairs["layer_recompute_bytes"][row["index"]] if recomputed else kept) \
+            if both_ways else None
+        row["kept_as_checkpoint_bytes"] = (kept if recomputed else pairs["layer_input_bytes"].get(row["index"], 0)) \
+            if both_ways else None
