@@ -63,3 +63,12 @@ def test_idle_cost_quick_spawned(tmp_path):
     assert process.returncode == 0, explain(process)
     lines = [line for line in process.stdout.strip().splitlines() if not line.startswith("[")]
     assert re.fullmatch(r"patched idle / stock train_batch time ratio: \d+\.\d{3}", lines[-1]), explain(process)
+
+
+def test_recompute_plan_scaling_quick(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "recompute_plan_scaling.py"), "--quick", "--repeats", "1"]
+    process = subprocess.run(command, cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, explain(process)
+    line = process.stdout.strip().splitlines()[-1]
+    assert re.match(r"24 layers, pp  4: \d+\.\d{3} s per plan .* recompute per stage \[\d+, \d+, \d+, \d+\];", line)
+    assert line.endswith("fits: True"), line

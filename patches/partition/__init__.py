@@ -8,5 +8,6 @@ table, the plan, DeepSpeed's `partition_method='profile'` and the recompute per 
   starts at once);
 - method.py: where `PipelineModule(partition_method='profile')` (the patch: to_deepspeed/partition_method.py) and
   --pp-partition-from-profile cut the layers: the report's plan, agreed by every rank;
-- recompute.py: which layers each stage recomputes (--pp-recompute-layers; the patch: to_deepspeed/stage_recompute.py).
+- recompute.py: which layers each stage recomputes (--pp-recompute-layers; the patch: to_deepspeed/stage_recompute.py);
+  recompute_plan.py: the partition and each stage's recompute chosen together under a memory limit.
 """

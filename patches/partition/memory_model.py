@@ -60,11 +60,15 @@ class StagePeak:
     predicted_peak_bytes: int  # the larger of the two
 
 
-def stage_peak(state_bytes: int, layer_activation_bytes: int, position: PositionMemory) -> StagePeak:
-    """The peak of a stage at `position` holding layers of these totals."""
+def stage_peak(state_bytes: int, layer_activation_bytes: int, position: PositionMemory,
+               recompute_transient_bytes: int = 0) -> StagePeak:
+    """The peak of a stage at `position` holding layers of these totals. recompute_transient_bytes: what a recomputed
+    layer's activations take while its backward runs (the largest of its recomputed layers' kept whole), where the
+    stage's measured compute transient does not already reach it."""
     activation = layer_activation_bytes + position.outside_layers_bytes
     held = position.base_bytes + state_bytes
-    compute = held + position.in_flight_micro_batches * activation + position.compute_transient_bytes
+    transient = max(position.compute_transient_bytes, recompute_transient_bytes)
+    compute = held + position.in_flight_micro_batches * activation + transient
     scaled = position.step_transient_bytes - position.fixed_buffer_bytes
     if position.step_state_bytes:
         scaled = scaled * state_bytes // position.step_state_bytes

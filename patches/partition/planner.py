@@ -31,6 +31,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 DEVICE = "device"  # a limit's source: the accelerator's total memory (the others: 'flag', 'environment')
 # peak(stage, first, stop): the predicted memory peak of stage `stage` holding layers first .. stop - 1
 PeakOf = Callable[[int, int, int], int]
+# load(stage, first, stop): stage `stage`'s load holding layers first .. stop - 1, or None where it may not
+LoadOf = Callable[[int, int, int], Optional[float]]
 
 
 @dataclass(frozen=True)
@@ -56,34 +58,47 @@ def _loads(costs, parts, overheads):
     return [sum(costs[parts[s]:parts[s + 1]]) + overheads[s] for s in range(len(parts) - 1)]
 
 
+def cheapest_parts(load_of: LoadOf, layers: int, stages: int) -> Optional[List[int]]:
+    """The contiguous partition of `layers` layers into `stages` non-empty parts whose loads, sorted from the
+    largest, are lexicographically smallest: the largest load as small as it can be, then the second largest, and
+    so on; ties broken by the earliest boundaries. load_of(stage, first, stop): that stage's load holding layers
+    first .. stop - 1, or None where it may not hold them; None where no partition may be made."""
+    if not 1 <= stages <= layers:
+        raise ValueError(f"cannot cut {layers} layers into {stages} non-empty stages")
+    # best[k][i]: (the sorted-descending loads, the boundaries) of the first i layers cut into k stages
+    best: List[List[Optional[Tuple[tuple, tuple]]]] = [[None] * (layers + 1) for _ in range(stages + 1)]
+    best[0][0] = ((), (0,))
+    for k in range(1, stages + 1):
+        for i in range(k, layers - (stages - k) + 1):
+            for j in range(k - 1, i):
+                if best[k - 1][j] is None:
+                    continue
+                load = load_of(k - 1, j, i)
+                if load is None:
+                    continue
+                loads, bounds = best[k - 1][j]
+                candidate = (tuple(sorted(loads + (load,), reverse=True)), bounds + (i,))
+                if best[k][i] is None or candidate < best[k][i]:
+                    best[k][i] = candidate
+    return list(best[stages][layers][1]) if best[stages][layers] is not None else None
+
+
 def balanced_parts(costs: Sequence[float], stages: int, overheads: Optional[Sequence[float]] = None,
                    fits: Optional[Callable[[int, int, int], bool]] = None) -> Optional[List[int]]:
-    """The contiguous partition of `costs` into `stages` non-empty parts whose loads (a part's costs plus its
-    position's overhead), sorted from the largest, are lexicographically smallest: the largest load as small as
-    it can be, then the second largest, and so on; ties broken by the earliest boundaries.
-    fits(stage, first, stop): whether that stage may hold costs first .. stop - 1 (None: any); with it, the best
-    of the partitions whose every stage fits, or None where none does."""
-    n = len(costs)
-    if not 1 <= stages <= n:
-        raise ValueError(f"cannot cut {n} layers into {stages} non-empty stages")
+    """cheapest_parts of a part's costs plus its position's overhead. fits(stage, first, stop): whether that stage
+    may hold costs first .. stop - 1 (None: any); with it, the best of the partitions whose every stage fits, or
+    None where none does."""
     overheads = list(overheads) if overheads is not None else [0.0] * stages
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + cost)
-    # best[k][i]: (the sorted-descending loads, the boundaries) of the first i layers cut into k stages
-    best: List[List[Optional[Tuple[tuple, tuple]]]] = [[None] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = ((), (0,))
-    for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                if best[k - 1][j] is None or (fits is not None and not fits(k - 1, j, i)):
-                    continue
-                loads, bounds = best[k - 1][j]
-                load = prefix[i] - prefix[j] + overheads[k - 1]
-                candidate = (tuple(sorted(loads + (load,), reverse=True)), bounds + (i,))
-                if best[k][i] is None or candidate < best[k][i]:
-                    best[k][i] = candidate
-    return list(best[stages][n][1]) if best[stages][n] is not None else None
+
+    def load_of(stage: int, first: int, stop: int) -> Optional[float]:
+        if fits is not None and not fits(stage, first, stop):
+            return None
+        return prefix[stop] - prefix[first] + overheads[stage]
+
+    return cheapest_parts(load_of, len(costs), stages)
 
 
 def least_peak_parts(peak: PeakOf, layers: int, stages: int) -> Tuple[List[int], int]:

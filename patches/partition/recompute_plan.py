@@ -1,0 +1,162 @@
+"""Where to cut a pipeline and what each stage recomputes, chosen together under a memory limit: the partition and,
+per stage, the first K_s of its recomputable layers (partition/recompute.py runs it), from one measured run.
+
+A stage's time is its layers' forward and backward plus each recomputed layer's recompute (its measured recompute,
+or its forward where it did not recompute in the run), plus its position's overhead. Its peak is memory_model's with
+each recomputed layer keeping its checkpoint (its input) instead of its activations whole, times the micro-batches
+in flight, and the largest recomputed layer's activations alive while its backward runs. Recomputing one more
+layer never makes a stage faster, so each stage's best choice is the fewest layers that bring its peak within the
+limit, found on its own for every stage position and layer range; the partition is then the one
+whose stage times, sorted from the largest, are the smallest (planner.cheapest_parts). With no limit, nothing
+recomputes. Where no partition fits even with every recomputable layer recomputed, the plan is the one whose
+largest peak is the smallest, with by how much it exceeds.
+
+No torch or DeepSpeed import.
+"""
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from patches.partition.memory_model import PositionMemory, stage_peak
+from patches.partition.planner import cheapest_parts, least_peak_parts
+
+
+@dataclass(frozen=True)
+class RecomputableLayer:
+    """One layer as the run measured it, both ways."""
+    index: int
+    seconds: float  # forward + backward, per iteration, without recompute
+    recompute_s: float  # what recomputing it adds per iteration
+    recomputable: bool  # DeepSpeed would checkpoint it (a transformer layer in a GPT)
+    state_bytes: int
+    whole_bytes: int  # its activations kept whole, per micro-batch
+    checkpoint_bytes: int  # kept as a checkpoint of it alone, per micro-batch
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """One stage of a plan: the layers it holds, how many of its recomputable ones it recomputes, what it takes."""
+    first: int
+    stop: int
+    recomputed: int  # K_s: its first K_s recomputable layers
+    seconds: float  # per iteration, with its position's overhead
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    parts: List[int]
+    stages: List[StageChoice]
+    excess_bytes: Optional[int]  # None: every stage within the limit (or none given); else the largest's excess
+
+    @property
+    def recompute(self) -> List[int]:
+        """K_s per stage: --pp-recompute-layers' counts."""
+        return [stage.recomputed for stage in self.stages]
+
+
+class StageOptions:
+    """Every stage's choice for every position and layer range (see the module docstring), each found in a few
+    steps: sums over ranges by prefix sums, and the largest recomputed layer by the next larger one."""
+
+    def __init__(self, layers: Sequence[RecomputableLayer], positions: Sequence[PositionMemory],
+                 overheads: Sequence[float]):
+        self.layers = sorted(layers, key=lambda layer: layer.index)
+        self.positions, self.overheads = list(positions), list(overheads)
+        self._seconds = _prefix(layer.seconds for layer in self.layers)
+        self._state = _prefix(layer.state_bytes for layer in self.layers)
+        self._whole = _prefix(layer.whole_bytes for layer in self.layers)
+        # the recomputable layers, by their place in self.layers; over them, what recomputing saves and costs
+        self._recomputable = [place for place, layer in enumerate(self.layers) if layer.recomputable]
+        chosen = [self.layers[place] for place in self._recomputable]
+        self._saved = _prefix(max(0, layer.whole_bytes - layer.checkpoint_bytes) for layer in chosen)
+        self._recompute_s = _prefix(layer.recompute_s for layer in chosen)
+        self._larger_next = _next_larger([layer.whole_bytes for layer in chosen])
+
+    def _span(self, first: int, stop: int) -> Tuple[int, int]:
+        """The recomputable layers among first .. stop - 1, as a range of self._recomputable."""
+        return bisect_left(self._recomputable, first), bisect_left(self._recomputable, stop)
+
+    def choice(self, stage: int, first: int, stop: int, recomputed: int) -> StageChoice:
+        """The stage holding layers first .. stop - 1 and recomputing its first `recomputed` recomputable ones."""
+        start, end = self._span(first, stop)
+        recomputed = min(recomputed, end - start)
+        largest = max((self.layers[place].whole_bytes
+                       for place in self._recomputable[start:start + recomputed]), default=0)
+        return self._choice(stage, first, stop, start, recomputed, largest)
+
+    def _choice(self, stage: int, first: int, stop: int, start: int, recomputed: int, largest: int) -> StageChoice:
+        activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
+        peak = stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage], largest)
+        seconds = (self._seconds[stop] - self._seconds[first] + self.overheads[stage]
+                   + self._recompute_s[start + recomputed] - self._recompute_s[start])
+        return StageChoice(first, stop, recomputed, seconds, peak.predicted_peak_bytes)
+
+    def recomputable(self, first: int, stop: int) -> int:
+        start, end = self._span(first, stop)
+        return end - start
+
+    def fewest_within(self, stage: int, first: int, stop: int, limit: Optional[int]) -> Optional[StageChoice]:
+        """The choice recomputing the fewest layers whose peak is within `limit` (None: nothing recomputes), or None
+        where no choice is. Between two larger recomputed layers the transient is the same and the peak falls as
+        more recompute: each such run of K is searched by halves, in order."""
+        start, end = self._span(first, stop)
+        nothing = self._choice(stage, first, stop, start, 0, 0)
+        if limit is None or nothing.peak_bytes <= limit:
+            return nothing
+        place = start
+        while place < end:  # recomputing the layers up to place .. run_end - 1: the largest is place's
+            run_end, largest = min(self._larger_next[place], end), self.layers[self._recomputable[place]].whole_bytes
+            low, high = place - start + 1, run_end - start
+            if self._choice(stage, first, stop, start, high, largest).peak_bytes <= limit:
+                while low < high:
+                    middle = (low + high) // 2
+                    if self._choice(stage, first, stop, start, middle, largest).peak_bytes <= limit:
+                        high = middle
+                    else:
+                        low = middle + 1
+                return self._choice(stage, first, stop, start, low, largest)
+            place = run_end
+        return None
+
+
+def plan_recompute(layers: Sequence[RecomputableLayer], positions: Sequence[PositionMemory],
+                   overheads: Sequence[float], limit: Optional[int]) -> RecomputePlan:
+    """The fastest partition into len(positions) stages, and each stage's recompute, whose every stage's peak is
+    within `limit` (see the module docstring)."""
+    options = StageOptions(layers, positions, overheads)
+    chosen = {}
+
+    def load_of(stage: int, first: int, stop: int) -> Optional[float]:
+        choice = options.fewest_within(stage, first, stop, limit)
+        chosen[stage, first, stop] = choice
+        return choice.seconds if choice is not None else None
+
+    stages, count = len(positions), len(options.layers)
+    parts = cheapest_parts(load_of, count, stages)
+    if parts is not None:
+        return RecomputePlan(parts, [chosen[s, parts[s], parts[s + 1]] for s in range(stages)], None)
+
+    def peak_all(stage: int, first: int, stop: int) -> int:
+        return options.choice(stage, first, stop, options.recomputable(first, stop)).peak_bytes
+
+    _, least = least_peak_parts(peak_all, count, stages)
+    plan = plan_recompute(layers, positions, overheads, least)
+    return RecomputePlan(plan.parts, plan.stages, least - limit)
+
+
+def _next_larger(values: Sequence[int]) -> List[int]:
+    """For each position, the next one holding a larger value (len(values) where none does)."""
+    larger, waiting = [len(values)] * len(values), []
+    for place, value in enumerate(values):
+        while waiting and values[waiting[-1]] < value:
+            larger[waiting.pop()] = place
+        waiting.append(place)
+    return larger
+
+
+def _prefix(values) -> List[float]:
+    sums = [0]
+    for value in values:
+        sums.append(sums[-1] + value)
+    return sums
