@@ -74,7 +74,10 @@ def test_the_reports_plan_keeps_every_stage_within_the_memory_limit(saved, tmp_p
     assert plan_of(report, limit=limit, source="flag") == plan
     printed = [line.strip() for line in profiled_run(tmp_path_factory, "pp2_tp1_zero1").output.splitlines()
                if line.strip().startswith("partition: ")]
-    assert printed == [plan_line(plan)] and printed[0].endswith(f"predicted of {bytes_to_string(limit)} (flag)")
+    assert printed == [plan_line(plan)]
+    assert f"predicted of {bytes_to_string(limit)} (flag); with each stage's recompute chosen too: " in printed[0]
+    chosen = plan["recompute_plan"]  # the recompute chosen with the partition, under the same limit
+    assert chosen["memory_fits"] is True and max(chosen["predicted_peak_bytes"]) <= limit, chosen
     # a limit under the least peak of any partition: the closest, by exactly how much its largest peak exceeds
     least = min(max(plan_of(report, cut_at=[0, cut, 7])["predicted_peak_bytes"]) for cut in range(1, 7))
     tight = plan_of(report, limit=least - 1000, source="flag")

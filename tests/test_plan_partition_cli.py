@@ -2,6 +2,7 @@
 pp 2 x tp 2) and on a small one whose numbers add up exactly, --parts' what-if against sums done by hand, and
 every kind of bad report or bad --parts refused in one line with exit 2. In process."""
 import json
+import re
 
 import pytest
 
@@ -314,9 +315,23 @@ def test_the_golden_report_under_a_limit_keeps_its_basis(capsys):
         "partition: stage 0 bounds at 322.25 ms with parts [0, 3, 7]; with parts [0, 2, 7] (pp 2) the bound is "
         "310.78 ms, iteration 327.02 ms predicted against 335.62 ms measured, -2.6% (over iterations 4, 5, 6, "
         "spread 16.5%); the gain is within that spread, so these measurements cannot tell it from noise; stage 1 "
-        "has the least memory headroom, 566.52 KB predicted of 600 KB (flag)"]
+        "has the least memory headroom, 566.52 KB predicted of 600 KB (flag); with each stage's recompute chosen "
+        "too: parts [0, 3, 7], --pp-recompute-layers 0,0, iteration 268.03 ms predicted, -20.1%, every stage "
+        "within the limit, stage 0 the closest at 572.7 KB"]
     # [0, 2, 7] exceeds 500 KB: the fastest within it is the partition that ran, its loads scaled the same way
     code, out, _ = run(capsys, REPORT, "--pp-partition-memory-limit", "500KB")
     assert code == 0 and out.splitlines()[2:4] == [
         "stage loads as planned: 322.25 ms, 240.4 ms",
         "stage peaks as planned: 422.17 KB, 432.74 KB (limit 500 KB)"]
+
+
+@pytest.mark.parametrize("limit, counts, change", [("600KB", "0,0", "-20.1%"), ("500KB", "1,1", "-9.0%"),
+                                                  ("450KB", "2,2", "+0.0%")])
+def test_the_recompute_is_chosen_with_the_partition_under_a_limit(capsys, limit, counts, change):
+    """The golden run recomputed both transformer layers of each stage: 600 KB lets every layer keep its activations
+    whole, 500 KB one per stage, 450 KB only what ran, whose prediction is then the measured iteration itself."""
+    code, out, _ = run(capsys, REPORT, "--pp-partition-memory-limit", limit)
+    assert code == 0
+    assert f"with each stage's recompute chosen too: parts [0, 3, 7], --pp-recompute-layers {counts}, " in out
+    assert re.search(rf"--pp-recompute-layers {counts}, iteration [0-9.]+ ms predicted, {re.escape(change)}, every "
+                     "stage within the limit", out)

@@ -45,16 +45,33 @@ def plan_line(plan: dict) -> str:
     stage with the least headroom, or, where no partition fits, by how much the closest exceeds (no_fit_line)."""
     current = _as_ran(plan)
     if plan.get("memory_fits") is False:
-        return f"partition: {current}; {no_fit_line(plan)}"
+        return f"partition: {current}; {no_fit_line(plan)}" + recompute_words(plan)
     if plan["parts"] == plan["current_parts"]:
         within = " within the memory limit" if plan.get("memory_limit_bytes") is not None else ""
         return (f"partition: {current}, already the best contiguous one for these layers' measured times{within}"
-                + memory_note(plan))
+                + memory_note(plan) + recompute_words(plan))
     return (f"partition: {current}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) the bound is "
             f"{duration_to_string(plan['bound_s'])}, iteration {duration_to_string(plan['predicted_iter_s'])} "
             f"predicted against {duration_to_string(plan['measured_iter_s'])} measured, "
             f"{100 * plan['predicted_change']:+.1f}%{basis_words(plan.get('basis'))}{spread_words(plan)}"
-            + memory_note(plan))
+            + memory_note(plan) + recompute_words(plan))
+
+
+def recompute_words(plan: dict) -> str:
+    """'' without a recompute plan; else the fastest partition with each stage's recompute chosen with it, and
+    its prediction: '; with each stage's recompute chosen too: parts [0, 4, 8], --pp-recompute-layers 1,0, ...'."""
+    chosen = plan.get("recompute_plan")
+    if not chosen:
+        return ""
+    counts = ",".join(map(str, chosen["recompute_layers"]))
+    peaks = chosen["predicted_peak_bytes"]
+    memory = (f"every stage within the limit, stage {peaks.index(max(peaks))} the closest at "
+              f"{bytes_to_string(max(peaks))}" if chosen["memory_fits"] else
+              f"none fits even recomputing every layer: the closest exceeds the limit by "
+              f"{bytes_to_string(chosen['memory_excess_bytes'])}")
+    return (f"; with each stage's recompute chosen too: parts {chosen['parts']}, --pp-recompute-layers {counts}, "
+            f"iteration {duration_to_string(chosen['predicted_iter_s'])} predicted, "
+            f"{100 * chosen['predicted_change']:+.1f}%, {memory}")
 
 
 def basis_words(basis: Optional[dict]) -> str:

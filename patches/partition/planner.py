@@ -146,11 +146,11 @@ def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: 
          limit: Optional[int] = None) -> Plan:
     """The best contiguous partition of `layers` (in index order) into `stages` (default: as many as ran), and the
     iteration time it predicts (see the module docstring). overhead_s: each stage position's compute that no
-    layer accounts for, as measured (for another number of stages, see _overheads_for). peak and limit: the best
+    layer accounts for, as measured (for another number of stages, see overheads_for). peak and limit: the best
     of those whose every stage's peak is within the limit (memory_bounded_parts)."""
     costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
     stages = stages or len(current_parts) - 1
-    overheads = _overheads_for(overhead_s, stages)
+    overheads = overheads_for(overhead_s, stages)
     if peak is not None and limit is not None:
         parts, _ = memory_bounded_parts(costs, stages, overheads, peak, limit)
     else:
@@ -166,7 +166,7 @@ def predict(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_
     parts = list(parts)
     if len(parts) < 2 or parts[0] != 0 or parts[-1] != len(costs) or any(a >= b for a, b in zip(parts, parts[1:])):
         raise ValueError(f"parts {list(parts)} do not cut {len(costs)} layers into non-empty stages")
-    overheads = _overheads_for(overhead_s, len(parts) - 1)
+    overheads = overheads_for(overhead_s, len(parts) - 1)
     unmodelled = measured_iter_s - model_iter_s(_loads(costs, list(current_parts), list(overhead_s)), micro_batches)
     stage_s = _loads(costs, parts, overheads)
     predicted = model_iter_s(stage_s, micro_batches) + unmodelled
@@ -174,7 +174,7 @@ def predict(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_
     return Plan(parts, stage_s, max(stage_s), predicted, bubble)
 
 
-def _overheads_for(overhead_s: Sequence[float], stages: int) -> List[float]:
+def overheads_for(overhead_s: Sequence[float], stages: int) -> List[float]:
     """Each stage position's overhead for `stages` stages: as measured for as many stages as ran; for another
     number, the first's and the last's kept at the ends, none in between."""
     if stages == len(overhead_s):

@@ -8,7 +8,8 @@ from typing import List, Optional, Tuple
 
 from patches.formats.units import bytes_to_string
 from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
-from patches.partition.planner import DEVICE, LayerCost, PeakOf, plan, predict
+from patches.partition.planner import DEVICE, LayerCost, PeakOf, model_iter_s, overheads_for, plan, predict
+from patches.partition.recompute_plan import RecomputableLayer, plan_recompute
 from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
 from patches.process.errors import PatchConfigError
 
@@ -101,7 +102,47 @@ def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float]
             "gain_within_spread": gain_within_spread(change, best.parts != list(parts), basis),
             "memory_limit_bytes": limit, "memory_limit_source": source if limit is not None else None,
             "predicted_peak_bytes": peaks, "memory_fits": fits,
-            "memory_excess_bytes": max(peaks) - limit if fits is False else None}
+            "memory_excess_bytes": max(peaks) - limit if fits is False else None,
+            "recompute_plan": None if cut_at else recompute_plan_of(layers, parts, scaled_overheads, iter_s,
+                                                                    micro_batches, pp, memory, limit, schedule, scale)}
+
+
+def recomputable_rows(layers: List[dict]) -> List[bool]:
+    """Which layers DeepSpeed would checkpoint (PipelineModule._is_checkpointable): a GPT's transformer layers, or,
+    in a model without them, every layer with parameters; any layer that recomputed in the run."""
+    gpt = any("TransformerLayer" in row["type"] for row in layers)
+    return [bool(row["recompute_flops"]) or ("TransformerLayer" in row["type"] if gpt else row["params"] > 0)
+            for row in layers]
+
+
+def recompute_plan_of(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
+                      micro_batches: int, pp: int, memory, limit: Optional[int], schedule: Optional[str],
+                      scale: float) -> Optional[dict]:
+    """The fastest partition of `pp` stages with each stage's recompute chosen with it under `limit`
+    (recompute_plan.py), where the report has a limit, its memory terms and each layer's bytes both ways; None
+    otherwise. overheads: as measured, scaled. Its iteration is predicted as the partition plan's (the model plus
+    what it leaves out of the measured iteration)."""
+    if limit is None or memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
+        return None
+    try:
+        positions = positions_for(memory[1], pp, micro_batches, schedule)
+    except ValueError:
+        return None
+    rows = sorted(layers, key=lambda row: row["index"])
+    table = [RecomputableLayer(row["index"], (row["fwd_latency_s"] + row["bwd_latency_s"]) * scale,
+                               (row["recompute_latency_s"] if row["recompute_flops"] else row["fwd_latency_s"]) * scale,
+                               recomputable, row["state_bytes"], row["kept_whole_bytes"],
+                               row["kept_as_checkpoint_bytes"])
+             for row, recomputable in zip(rows, recomputable_rows(rows))]
+    chosen = plan_recompute(table, positions, overheads_for(overheads, pp), limit)
+    ran = [sum(layer_seconds(row) * scale for row in rows if row["stage"] == s) + overheads[s]
+           for s in range(len(parts) - 1)]
+    stage_s = [stage.seconds for stage in chosen.stages]
+    predicted = model_iter_s(stage_s, micro_batches) + iter_s - model_iter_s(ran, micro_batches)
+    return {"parts": chosen.parts, "recompute_layers": chosen.recompute, "stage_s": stage_s,
+            "predicted_iter_s": predicted, "predicted_change": predicted / iter_s - 1,
+            "predicted_peak_bytes": [stage.peak_bytes for stage in chosen.stages],
+            "memory_fits": chosen.excess_bytes is None, "memory_excess_bytes": chosen.excess_bytes}
 
 
 def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Optional[bool]:
