@@ -359,7 +359,6 @@ def validate_args(args, world_size):
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
 
     _validate_model(args, tp)
-    _validate_partition(args, pp)
     _validate_recompute(args)
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 cannot both be set")
 
@@ -370,6 +369,7 @@ def validate_args(args, world_size):
     _validate_load(args)
     _validate_data(args)
     _validate_profiler(args)
+    _validate_partition(args, pp)  # after the profiler's flags: the memory limit a profile's plan is made under
     args.deepspeed_config_dict = _build_deepspeed_config(args)
     # Training progress, as upstream starts it here (a checkpoint's values replace it on --load).
     args.consumed_train_samples, args.consumed_train_tokens = 0, 0

@@ -226,7 +226,7 @@ def _describe_run(args):
     return gpt_run_description(args, pipeline_stage_layers(args), peak_tflops=args.peak_tflops,
                                # under --no-pipeline-parallel our GPTModel checkpoints, not DeepSpeed
                                activation_checkpointing=bool(args.checkpoint_activations)
-                               or any(args.pp_recompute_layers or ()))
+                               if args.pp_recompute_layers is None else any(args.pp_recompute_layers))
 
 
 def _record_loss(args, iteration, loss):

@@ -18,6 +18,7 @@ import pytest
 from megatron.arguments import parse_args
 from megatron.model.gpt_model import pipeline_stage_layers
 from patches.formats.units import number_to_string
+from patches.partition.report_plan import plan_of
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall
 from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT, layout
@@ -169,3 +170,42 @@ def test_each_layer_is_measured_both_ways_whether_it_recomputed_or_not(tmp_path_
         assert one["kept_whole_bytes"] == other["kept_whole_bytes"] > hidden, one["index"]
         recomputed = one if one["recompute_flops"] else other
         assert recomputed["activation_bytes"] == hidden  # a checkpointed layer keeps its input only
+
+
+def _planned_limit(report):
+    """A memory limit under which the report's plan recomputes some layers, not all, and fits: (limit, the plan)."""
+    roomy = plan_of(report, limit=10 ** 12, source="flag")["recompute_plan"]
+    assert roomy["recompute_layers"] == [0, 0]  # nothing need recompute
+    for percent in range(95, 40, -5):
+        limit = max(roomy["predicted_peak_bytes"]) * percent // 100
+        chosen = plan_of(report, limit=limit, source="flag")["recompute_plan"]
+        if chosen["memory_fits"] and 0 < sum(chosen["recompute_layers"]) < LAYERS:
+            return limit, chosen
+    raise AssertionError("no limit between recomputing nothing and everything")
+
+
+@pytest.mark.launch
+def test_the_profiles_plan_applies_the_recompute_it_chose_with_the_parts(tmp_path_factory):
+    """Profiled with every layer recomputed, the report plans under a limit that only some recompute meets; a run cut
+    by it (--pp-partition-from-profile, --pp-partition-memory-limit) recomputes exactly those layers, says so at
+    start-up, reports their FLOPs and trains as without recompute (dropout off)."""
+    _, report, _, _ = _run("every", ["--checkpoint-activations", "--checkpoint-num-layers", "1"], tmp_path_factory)
+    path = tmp_path_factory.mktemp("plan") / "every.json"
+    path.write_text(json.dumps(report))
+    limit, chosen = _planned_limit(report)
+    counts = ",".join(map(str, chosen["recompute_layers"]))
+    output, planned, calls, losses = _run(f"planned {limit}", [
+        "--checkpoint-activations", "--pp-partition-from-profile", str(path), "--pp-partition-memory-limit",
+        str(limit)], tmp_path_factory)
+    assert (f"parts {chosen['parts']}, planned from its measured layers, each stage recomputing its first {counts} "
+            "recomputable layers") in output
+    expected = []
+    for stage, count in enumerate(chosen["recompute_layers"]):
+        held = [row["index"] for row in planned["layers"] if row["stage"] == stage
+                and row["type"] == "ParallelTransformerLayerPipe"]
+        expected += held[:count]
+    assert planned["partition_plan"]["current_parts"] == chosen["parts"]
+    assert sorted(calls) == expected and set(calls.values()) == {2 * MICRO_BATCHES}  # layer numbers = indices here
+    assert planned["totals"]["recompute_flops"] == len(expected) * LAYER_FWD
+    assert planned["totals"]["analytic"]["recompute_flops"] == planned["totals"]["recompute_flops"]
+    assert losses == _run("none", [], tmp_path_factory)[3]

@@ -130,6 +130,9 @@ class GPTModelPipe(PipelineModule):
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
         self.recompute_block_layers = block
+        if getattr(self, "planned_recompute", None) is not None:
+            # the profile's plan chose each stage's recompute with its parts: the run's description follows it
+            args.pp_recompute_layers = self.planned_recompute
         expected, _ = stage_boundaries(args, self.num_stages)
         if list(self.parts) != list(expected):  # the analytic FLOPs and the flag checks read stage_boundaries
             raise RuntimeError(f"DeepSpeed cut the layers at {list(self.parts)}, stage_boundaries() at {expected}")

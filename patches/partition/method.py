@@ -21,6 +21,7 @@ they planned through the default group's store (agreed_parts), so that a report 
 another report on another, stops every rank in one line.
 """
 import os
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch.distributed as dist
@@ -29,6 +30,7 @@ from deepspeed.runtime.pipe.module import PipelineModule
 from patches.formats.units import parse_size
 from patches.partition.layers import layer_types
 from patches.partition.plan_lines import no_fit_line
+from patches.partition.recompute import recompute_layers
 from patches.partition.report_plan import plan_of, read_report
 from patches.process import store
 from patches.process.errors import PatchConfigError
@@ -40,27 +42,52 @@ MEMORY_ENVIRONMENT = "DS_PIPE_PARTITION_MEMORY_LIMIT"
 
 
 
-def parts_for(module: PipelineModule, method) -> Optional[List[int]]:
-    """The boundaries `module` is cut at where its partition_method names a profile report, or
-    --pp-partition-from-profile names one for every pipeline: planned from the report under the memory limit,
-    agreed by every rank (agreed_parts), said in one line on global rank 0. None: the method is DeepSpeed's own."""
+@dataclass(frozen=True)
+class Cut:
+    """What a PipelineModule cut by a profile's plan runs."""
+    parts: List[int]
+    recompute_layers: Optional[Tuple[int, ...]] = None  # the plan's recompute per stage; None: as the module asks
+
+    def words(self) -> str:
+        if self.recompute_layers is None:
+            return ""
+        return (f", each stage recomputing its first {','.join(map(str, self.recompute_layers))} recomputable "
+                "layers (chosen with the parts, within the memory limit)")
+
+
+def cut_by(plan: dict) -> Cut:
+    """Under a memory limit, the partition with each stage's recompute chosen with it (the plan's recompute_plan),
+    where the report allowed one, it fits, and no recompute per stage is asked for otherwise (--pp-recompute-layers,
+    $DS_PIPE_RECOMPUTE_LAYERS); else the plan's parts, the recompute as the module asks."""
+    chosen = plan.get("recompute_plan")
+    if chosen is None or not chosen["memory_fits"] or recompute_layers()[0] is not None:
+        return Cut(list(plan["parts"]))
+    return Cut(list(chosen["parts"]), tuple(chosen["recompute_layers"]))
+
+
+def parts_for(module: PipelineModule, method) -> Optional[Cut]:
+    """Where `module` is cut, and what each stage recomputes, where its partition_method names a profile report,
+    or --pp-partition-from-profile names one for every pipeline: planned from the report under the memory limit
+    (cut_by), agreed by every rank (agreed_parts), said in one line on global rank 0. None: the method is
+    DeepSpeed's own."""
     report = REGISTRY.settings.partition_report  # --pp-partition-from-profile
     if report is None and not names_a_profile(method):  # the same answer on every rank
         return None
-    plan = None
+    plan, cut = None, None
     try:
         report = report or report_named_by(method)
         plan = profiled_plan(report, layer_types(module), module.num_stages, *memory_limit())
-        parts, error = plan["parts"], None
+        cut, error = cut_by(plan), None
     except PatchConfigError as problem:
-        parts, error = None, str(problem)
-    parts = agreed_parts(report, parts, error)
+        error = str(problem)
+    parts = agreed_parts(report, cut.parts if cut is not None else None, error)  # the same plan on every rank
     if module.global_rank == 0:
-        print(f"> partition_method 'profile' ({report}): parts {parts}, planned from its measured layers", flush=True)
-        if plan["memory_fits"] is False:
+        print(f"> partition_method 'profile' ({report}): parts {parts}, planned from its measured layers"
+              f"{cut.words()}", flush=True)
+        if plan["memory_fits"] is False and cut.recompute_layers is None:
             print(f"warning: partition_method 'profile' ({report}): {no_fit_line(plan)}; training goes on with "
                   "them", flush=True)
-    return parts
+    return cut
 
 
 def use_for_every_pipeline(report: Optional[str]) -> None:
@@ -151,8 +178,14 @@ def report_named_by(method: str) -> Optional[str]:
 def profiled_parts(report_path: str, types: List[str], stages: int, limit: Optional[int] = None,
                    source: Optional[str] = None) -> List[int]:
     """The boundaries of `stages` stages the report's measured layers ask for (under a memory limit: see
-    profiled_plan)."""
-    return profiled_plan(report_path, types, stages, limit, source)["parts"]
+    profiled_plan and cut_by)."""
+    return profiled_cut(report_path, types, stages, limit, source).parts
+
+
+def profiled_cut(report_path: str, types: List[str], stages: int, limit: Optional[int] = None,
+                 source: Optional[str] = None) -> Cut:
+    """What a PipelineModule of these layer types, cut into `stages` by the report, runs (cut_by)."""
+    return cut_by(profiled_plan(report_path, types, stages, limit, source))
 
 
 def profiled_plan(report_path: str, types: List[str], stages: int, limit: Optional[int] = None,

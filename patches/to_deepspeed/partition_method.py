@@ -19,10 +19,11 @@ def install():
 
     def _partition_layers(self, method="uniform"):
         """DeepSpeed gap: partition_method='profile' raises NotImplementedError in every release."""
-        parts = parts_for(self, method)
-        if parts is None:
+        cut = parts_for(self, method)
+        if cut is None:
             return original(self, method)
-        self.parts = parts
+        self.parts = cut.parts
+        self.planned_recompute = cut.recompute_layers  # what each stage recomputes: stage_recompute.py reads it
         self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
 
     PipelineModule._partition_layers = _partition_layers

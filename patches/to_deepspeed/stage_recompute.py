@@ -1,8 +1,9 @@
 """Per-stage activation recompute on DeepSpeed's PipelineModule (patches/partition/recompute.py says which layers):
-where --pp-recompute-layers or $DS_PIPE_RECOMPUTE_LAYERS names a count per stage, each PipelineModule built
-afterwards checkpoints, on its stage, each of the first K_s layers DeepSpeed would checkpoint, alone (its
-activation_checkpoint_interval becomes 1), through its own activation_checkpoint_func (DeepSpeed's checkpoint and
-its `activation_checkpointing` config by default). DeepSpeed has one interval for every stage.
+where --pp-recompute-layers or $DS_PIPE_RECOMPUTE_LAYERS names a count per stage, or the profile's plan that cut
+the module chose one (partition_method.py: `planned_recompute`), each PipelineModule built afterwards checkpoints,
+on its stage, each of the first K_s layers DeepSpeed would checkpoint, alone (its activation_checkpoint_interval
+becomes 1), through its own activation_checkpoint_func (DeepSpeed's checkpoint and its `activation_checkpointing`
+config by default). DeepSpeed has one interval for every stage.
 
 The module records what it does: `recomputed_layers` (the indices, in the whole layer list, of its stage's layers
 that recompute) and `recompute_asked` (K_s), read by the run's description.
@@ -23,7 +24,9 @@ def install():
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        counts, source = recompute_layers()
+        counts, source = getattr(self, "planned_recompute", None), "the profile's plan"
+        if counts is None:
+            counts, source = recompute_layers()
         if counts is None:
             return
         asked = stage_count(counts, self.num_stages, self.stage_id, source)

@@ -115,6 +115,9 @@ def _analytic_view(args: Namespace, engine):
     view.seq_length = iteration_seq_length(args)
     view.num_micro_batches = engine.gradient_accumulation_steps()
     stage_layers = pipeline_stage_layers_of(engine.module)
+    planned = getattr(engine.module, "planned_recompute", None)
+    if planned is not None:  # the profile's plan chose each stage's recompute with its parts
+        view.pp_recompute_layers = planned
     if stage_layers is not None:
         interval = getattr(engine.module, "activation_checkpoint_interval", 0)
         view.checkpoint_activations, view.checkpoint_num_layers = interval > 0, max(interval, 1)
