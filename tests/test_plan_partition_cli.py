@@ -9,7 +9,7 @@ import pytest
 from patches.cli.plan_partition import main
 from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.plan_lines import plan_line
-from patches.partition.report_plan import plan_of
+from patches.partition.report_plan import plan_of, recompute_what_if
 from tests.helpers.golden import GOLDEN
 
 REPORT = GOLDEN / "fork.report.json"
@@ -335,3 +335,22 @@ def test_the_recompute_is_chosen_with_the_partition_under_a_limit(capsys, limit,
     assert f"with each stage's recompute chosen too: parts [0, 3, 7], --pp-recompute-layers {counts}, " in out
     assert re.search(rf"--pp-recompute-layers {counts}, iteration [0-9.]+ ms predicted, {re.escape(change)}, every "
                      "stage within the limit", out)
+
+
+def test_a_recompute_what_if_is_the_planners_own_prediction(capsys):
+    """--recompute predicts a choice the user names with the planner's own model: the plan's choice under 500 KB
+    gives the plan's figures, what ran (2,2) gives back the measured iteration; a count list of another length is
+    one line, exit 2."""
+    report = json.loads(REPORT.read_text())
+    chosen = plan_of(report, limit=500_000, source="flag")["recompute_plan"]
+    assert recompute_what_if(report, chosen["parts"], chosen["recompute_layers"], 500_000) == chosen  # every field
+    code, out, _ = run(capsys, REPORT, "--recompute", "1,1", "--pp-partition-memory-limit", "500KB")
+    assert code == 0 and chosen["recompute_layers"] == [1, 1]
+    assert out.splitlines()[-1] == (
+        f"recompute: with parts {chosen['parts']} and --pp-recompute-layers 1,1, iteration 305.31 ms predicted "
+        "against 335.62 ms measured, -9.0%; every stage within 500 KB, stage 0 the closest at 497.44 KB")
+    code, out, _ = run(capsys, REPORT, "--recompute", "2,2")
+    assert code == 0 and out.splitlines()[-1] == ("recompute: with parts [0, 3, 7] and --pp-recompute-layers 2,2, "
+                                                  "iteration 335.62 ms predicted against 335.62 ms measured, +0.0%")
+    code, out, err = run(capsys, REPORT, "--recompute", "1")
+    assert code == 2 and out == "" and err == "error: --recompute 1: 1 counts for 2 stages\n"

@@ -1,5 +1,5 @@
-"""megatron-plan-partition REPORT.json [--pp N] [--parts 0,A,B,...,L] [--pp-partition-memory-limit SIZE]: the
-pipeline partition a profile report's measured layers ask for.
+"""megatron-plan-partition REPORT.json [--pp N] [--parts 0,A,B,...,L] [--recompute K0,K1,...]
+[--pp-partition-memory-limit SIZE]: the pipeline partition a profile report's measured layers ask for.
 
 The report is a flops_profile_stepN.json of a PipelineModule's run (--profile-flops-step, the config section, or
 PipelineFlopsProfiler.write_json). Prints each stage's load under the partition that ran and under the planned
@@ -8,7 +8,9 @@ names a partition instead (each stage's first layer, then the number of layers: 
 and prints what the same model predicts for it, beside the partition that ran. Where the report has its memory
 terms, each stage's predicted memory peak is printed too; --pp-partition-memory-limit plans with every stage's peak
 within SIZE (default: the limit the report's own plan was made under, the device's that ran it, if any). Where no
-partition fits, one line says by how much the closest exceeds, and the exit status is 2.
+partition fits, one line says by how much the closest exceeds, and the exit status is 2 (unless recomputing
+makes one fit: the plan line then gives the partition with each stage's recompute). --recompute predicts a stage
+recompute choice (--pp-recompute-layers' counts) for --parts, or the partition that ran.
 
 Reads JSON only: no torch or DeepSpeed import, so it starts at once.
 """
@@ -19,8 +21,9 @@ from typing import List, Optional
 
 from patches.formats.units import bytes_to_string, duration_to_string, parse_size
 from patches.partition.memory_model import memory_terms_of
-from patches.partition.plan_lines import no_fit_line, plan_line, what_if_line
-from patches.partition.report_plan import plan_of, read_report
+from patches.partition.plan_lines import no_fit_line, plan_line, recompute_what_if_line, what_if_line
+from patches.partition.recompute import parse_recompute_layers
+from patches.partition.report_plan import plan_of, read_report, recompute_what_if
 from patches.process.errors import PatchConfigError
 
 # as the Megatron flag (patches/to_megatron/megatron_flags.py) spells it
@@ -64,6 +67,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="plan with every stage's predicted memory peak within SIZE: bytes, or with KB, MB, GB, TB "
                              "or KiB, MiB, GiB, TiB (e.g. 80GB, 70GiB); default: the limit the report was planned "
                              "under (the device's that ran it), if any")
+    parser.add_argument("--recompute", default=None, metavar="K0,K1,...",
+                        help="with --parts (default: the partition that ran): predict stage s recomputing its first "
+                             "K_s recomputable layers (--pp-recompute-layers)")
     args = parser.parse_args(argv)
     try:
         report = read_report(args.report)
@@ -81,10 +87,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             except ValueError as error:
                 raise PatchConfigError(f"{MEMORY_LIMIT_FLAG} {args.memory_limit}: {error}") from None
         plan = plan_of(report, args.pp, parts, limit, source)
+        if args.recompute is not None:
+            cut = parts or plan["current_parts"]
+            what_if = recompute_what_if(report, cut, list(parse_recompute_layers(args.recompute, "--recompute")),
+                                        limit)
     except PatchConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if parts is None and plan["memory_fits"] is False:
+    if args.recompute is not None:
+        print("stage loads with recompute: " + ", ".join(duration_to_string(s) for s in what_if["stage_s"]))
+        peaks = ", ".join(bytes_to_string(peak) for peak in what_if["predicted_peak_bytes"])
+        print("stage peaks with recompute: " + peaks + (f" (limit {bytes_to_string(limit)})" if limit else ""))
+        print(recompute_what_if_line(what_if, plan["measured_iter_s"], limit))
+        return 0
+    recomputing = (plan.get("recompute_plan") or {}).get("memory_fits")
+    if parts is None and plan["memory_fits"] is False and not recomputing:
         print(f"error: {no_fit_line(plan)}", file=sys.stderr)
         return 2
     print(f"{len(layers)} layers, measured at pp {len(plan['current_parts']) - 1}, "

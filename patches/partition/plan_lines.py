@@ -109,3 +109,19 @@ def what_if_line(plan: dict) -> str:
         return (line + f"; stage {worst}'s predicted memory peak, {bytes_to_string(peaks[worst])}, exceeds "
                 f"{_limit(plan)} by {plan['memory_excess_bytes']:,} bytes")
     return line + memory_note(plan)
+
+
+def recompute_what_if_line(what_if: dict, measured_iter_s: float, limit: Optional[int]) -> str:
+    """recompute_what_if's dict as one line: 'recompute: with parts [0, 3, 7] and --pp-recompute-layers 1,0,
+    iteration ... predicted against ... measured, -9.0%; ...' (megatron-plan-partition --recompute)."""
+    counts = ",".join(map(str, what_if["recompute_layers"]))
+    peaks = what_if["predicted_peak_bytes"]
+    worst = peaks.index(max(peaks))
+    memory = "" if limit is None else (
+        f"; every stage within {bytes_to_string(limit)}, stage {worst} the closest at {bytes_to_string(peaks[worst])}"
+        if what_if["memory_fits"] else
+        f"; stage {worst}'s predicted memory peak, {bytes_to_string(peaks[worst])}, exceeds {bytes_to_string(limit)} "
+        f"by {what_if['memory_excess_bytes']:,} bytes")
+    return (f"recompute: with parts {what_if['parts']} and --pp-recompute-layers {counts}, iteration "
+            f"{duration_to_string(what_if['predicted_iter_s'])} predicted against "
+            f"{duration_to_string(measured_iter_s)} measured, {100 * what_if['predicted_change']:+.1f}%" + memory)

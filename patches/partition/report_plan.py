@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 from patches.formats.units import bytes_to_string
 from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
 from patches.partition.planner import DEVICE, LayerCost, PeakOf, model_iter_s, overheads_for, plan, predict
-from patches.partition.recompute_plan import RecomputableLayer, plan_recompute
+from patches.partition.recompute_plan import RecomputableLayer, StageChoice, StageOptions, plan_recompute
 from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
 from patches.process.errors import PatchConfigError
 
@@ -122,7 +122,42 @@ def recompute_plan_of(layers: List[dict], parts: List[int], overheads: List[floa
     (recompute_plan.py), where the report has a limit, its memory terms and each layer's bytes both ways; None
     otherwise. overheads: as measured, scaled. Its iteration is predicted as the partition plan's (the model plus
     what it leaves out of the measured iteration)."""
-    if limit is None or memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
+    options = _recompute_options(layers, overheads, micro_batches, pp, memory, schedule, scale)
+    if limit is None or options is None:
+        return None
+    chosen = plan_recompute(options.layers, options.positions, options.overheads, limit)
+    return _recompute_dict(chosen.parts, chosen.stages, layers, parts, overheads, iter_s, micro_batches, scale,
+                           chosen.excess_bytes)
+
+
+def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: Optional[int] = None) -> dict:
+    """What the report's measured run predicts for its layers cut at `parts`, stage s recomputing its first
+    counts[s] recomputable layers (megatron-plan-partition --parts ... --recompute ...): recompute_plan's dict;
+    memory_fits against `limit` (None without one). PatchConfigError where the report cannot say (no memory terms or
+    bytes both ways, another number of counts than stages)."""
+    plan = report.get("partition_plan") or {}
+    ran = plan.get("current_parts") or _parts_from_layers(report["layers"])
+    overheads = plan.get("stage_overhead_s") or [0.0] * (len(ran) - 1)
+    scale = (plan.get("basis") or {}).get("time_scale", 1.0)
+    scaled = [overhead * scale for overhead in overheads]
+    if len(counts) != len(parts) - 1:
+        raise PatchConfigError(f"--recompute {','.join(map(str, counts))}: {len(counts)} counts for "
+                               f"{len(parts) - 1} stages")
+    options = _recompute_options(report["layers"], scaled, report["parallelism"]["micro_batches"], len(parts) - 1,
+                                 memory_terms_of(report), (report.get("bubble") or {}).get("schedule"), scale)
+    if options is None:
+        raise PatchConfigError("the profile report has no bytes of its layers both ways (kept whole and as a "
+                               "checkpoint) or no memory terms: a recompute cannot be predicted from it")
+    stages = [options.choice(stage, first, stop, count)
+              for stage, (first, stop, count) in enumerate(zip(parts, parts[1:], counts))]
+    excess = max(stage.peak_bytes for stage in stages) - limit if limit is not None else None
+    return _recompute_dict(parts, stages, report["layers"], ran, scaled, report["totals"]["throughput_iter_s"],
+                           report["parallelism"]["micro_batches"], scale, excess if excess and excess > 0 else None)
+
+
+def _recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,
+                       schedule: Optional[str], scale: float) -> Optional[StageOptions]:
+    if memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
         return None
     try:
         positions = positions_for(memory[1], pp, micro_batches, schedule)
@@ -134,15 +169,22 @@ def recompute_plan_of(layers: List[dict], parts: List[int], overheads: List[floa
                                recomputable, row["state_bytes"], row["kept_whole_bytes"],
                                row["kept_as_checkpoint_bytes"])
              for row, recomputable in zip(rows, recomputable_rows(rows))]
-    chosen = plan_recompute(table, positions, overheads_for(overheads, pp), limit)
-    ran = [sum(layer_seconds(row) * scale for row in rows if row["stage"] == s) + overheads[s]
-           for s in range(len(parts) - 1)]
-    stage_s = [stage.seconds for stage in chosen.stages]
+    return StageOptions(table, positions, overheads_for(overheads, pp))
+
+
+def _recompute_dict(parts: List[int], stages: List[StageChoice], layers: List[dict], ran_parts: List[int],
+                    overheads: List[float], iter_s: float, micro_batches: int, scale: float,
+                    excess: Optional[int]) -> dict:
+    """recompute_plan's dict: its iteration predicted as the partition plan's (the model, plus what it leaves out of
+    the measured iteration: that iteration minus the model of the stages as they ran)."""
+    ran = [sum(layer_seconds(row) * scale for row in layers if row["stage"] == s) + overheads[s]
+           for s in range(len(ran_parts) - 1)]
+    stage_s = [stage.seconds for stage in stages]
     predicted = model_iter_s(stage_s, micro_batches) + iter_s - model_iter_s(ran, micro_batches)
-    return {"parts": chosen.parts, "recompute_layers": chosen.recompute, "stage_s": stage_s,
+    return {"parts": list(parts), "recompute_layers": [stage.recomputed for stage in stages], "stage_s": stage_s,
             "predicted_iter_s": predicted, "predicted_change": predicted / iter_s - 1,
-            "predicted_peak_bytes": [stage.peak_bytes for stage in chosen.stages],
-            "memory_fits": chosen.excess_bytes is None, "memory_excess_bytes": chosen.excess_bytes}
+            "predicted_peak_bytes": [stage.peak_bytes for stage in stages],
+            "memory_fits": excess is None, "memory_excess_bytes": excess}
 
 
 def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Optional[bool]:

@@ -5,9 +5,12 @@ on its stage, each of the first K_s layers DeepSpeed would checkpoint, alone (it
 becomes 1), through its own activation_checkpoint_func (DeepSpeed's checkpoint and its `activation_checkpointing`
 config by default). DeepSpeed has one interval for every stage.
 
-The module records what it does: `recomputed_layers` (the indices, in the whole layer list, of its stage's layers
-that recompute) and `recompute_asked` (K_s), read by the run's description.
+The module records what it does, for code that holds it: `recomputed_layers` (the indices, in the whole layer list,
+of its stage's layers that recompute) and `recompute_asked` (K_s). The report reads what ran from the layers'
+recompute FLOPs.
 """
+import functools
+
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from patches.partition.recompute import first_layers, recompute_layers, stage_count
@@ -22,6 +25,7 @@ def requires():
 def install():
     original_init, original_is_checkpointable = PipelineModule.__init__, PipelineModule._is_checkpointable
 
+    @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         counts, source = getattr(self, "planned_recompute", None), "the profile's plan"
@@ -39,6 +43,7 @@ def install():
         # every forward
         self.activation_checkpoint_interval = 1 if chosen else 0
 
+    @functools.wraps(original_is_checkpointable)
     def _is_checkpointable(self, funcs):
         recomputed = getattr(self, "_recomputed", None)
         if recomputed is None:
