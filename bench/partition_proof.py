@@ -42,7 +42,7 @@ from harness import load, machine
 
 from patches.partition.memory_model import memory_terms_of
 from patches.partition.planner import least_peak_parts
-from patches.partition.report_plan import peak_of, plan_of
+from patches.partition.report_plan import PlanRequest, peak_of, plan_of
 
 MB = 1000 ** 2  # the report's MB
 BAR = 0.10  # the acceptance bar on every error
@@ -119,7 +119,7 @@ def stage_peaks(report, field):
 
 def default_row(case, step, default):
     """The default launch against its own report: the prediction for the partition that ran, the peaks."""
-    own = plan_of(default.report, cut_at=default.parts)
+    own = plan_of(default.report, PlanRequest(parts=default.parts))
     return Row(case, str(step), "default", default.parts, own["predicted_iter_s"] * 1000, default.measured_ms,
                stage_peaks(default.report, "predicted_peak_bytes"), stage_peaks(default.report, "measured_peak_bytes"))
 
@@ -129,7 +129,7 @@ def planned_row(case, step, plan, planned, shared, default):
     partition = "planned" + (f" (the launch of step {shared}'s plan)" if shared else "")
     if planned.parts != plan["parts"]:
         partition += f" (ran {planned.parts})"
-    own = plan_of(default.report, cut_at=default.parts)
+    own = plan_of(default.report, PlanRequest(parts=default.parts))
     return Row(case, str(step), partition, plan["parts"], plan["predicted_iter_s"] * 1000, planned.measured_ms,
                plan["predicted_peak_bytes"] or [None] * case.pp, stage_peaks(planned.report, "measured_peak_bytes"),
                plan["predicted_iter_s"] / own["predicted_iter_s"] - 1, planned.measured_ms / default.measured_ms - 1)
@@ -194,7 +194,7 @@ def limit_between(report):
 def prove_limit(case, step, default, settings, work):
     """The plan under a limit that rules the time-optimal plan out, launched."""
     limit, least_parts, least = limit_between(default.report)
-    chosen = plan_of(default.report, limit=limit, source="flag")
+    chosen = plan_of(default.report, PlanRequest(limit=limit, limit_source="flag"))
     print(f"{case.target.name}: pp {case.pp}, checkpointing {case.checkpointing}, memory limit {limit} bytes",
           flush=True)
     flags = ["--pp-partition-from-profile", str(default.path), "--pp-partition-memory-limit", str(limit)]

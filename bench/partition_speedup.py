@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 # A script: its own directory is on sys.path, so the sibling harness imports by name.
 from harness import free_port, load, machine, table
 
-from patches.partition.report_plan import plan_of
+from patches.partition.report_plan import PlanRequest, plan_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,7 +172,7 @@ def measure(target, shape, pp, rounds, iterations, warmup, work):
             measured[name].append(steady_ms(times, warmup, iterations))
             parts[name] = run_report["partition_plan"]["current_parts"]
             if name == DEFAULT_NAME:  # its profile predicts the plan anew, from this round's measurement
-                predictions.append(plan_of(run_report, cut_at=plan["parts"])["predicted_iter_s"] * 1000)
+                predictions.append(plan_of(run_report, PlanRequest(parts=plan["parts"]))["predicted_iter_s"] * 1000)
             print(f"  round {round_ + 1}/{rounds} {name}: parts {parts[name]}, "
                   f"{measured[name][-1]:.1f} ms", flush=True)
     return plan, parts, measured, predictions

@@ -14,7 +14,7 @@ import pytest
 from patches.formats.units import bytes_to_string, parse_size
 from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.plan_lines import no_fit_line, plan_line
-from patches.partition.report_plan import plan_of
+from patches.partition.report_plan import PlanRequest, plan_of
 from patches.process.errors import EXIT_BAD_INPUT
 from tests.helpers.flags import PP2
 from tests.helpers.launch import TORCHRUN, explain, run_pretrain
@@ -71,7 +71,7 @@ def test_the_reports_plan_keeps_every_stage_within_the_memory_limit(saved, tmp_p
     peaks = predict_peaks(layers, positions, plan["parts"], report["parallelism"]["micro_batches"])
     assert plan["predicted_peak_bytes"] == [peak.predicted_peak_bytes for peak in peaks], plan
     assert plan["memory_fits"] is True and max(plan["predicted_peak_bytes"]) <= limit, plan
-    assert plan_of(report, limit=limit, source="flag") == plan
+    assert plan_of(report, PlanRequest(limit=limit, limit_source="flag")) == plan
     printed = [line.strip() for line in profiled_run(tmp_path_factory, "pp2_tp1_zero1").output.splitlines()
                if line.strip().startswith("partition: ")]
     assert printed == [plan_line(plan)]
@@ -79,8 +79,8 @@ def test_the_reports_plan_keeps_every_stage_within_the_memory_limit(saved, tmp_p
     chosen = plan["recompute_plan"]  # the recompute chosen with the partition, under the same limit
     assert chosen["memory_fits"] is True and max(chosen["predicted_peak_bytes"]) <= limit, chosen
     # a limit under the least peak of any partition: the closest, by exactly how much its largest peak exceeds
-    least = min(max(plan_of(report, cut_at=[0, cut, 7])["predicted_peak_bytes"]) for cut in range(1, 7))
-    tight = plan_of(report, limit=least - 1000, source="flag")
+    least = min(max(plan_of(report, PlanRequest(parts=[0, cut, 7]))["predicted_peak_bytes"]) for cut in range(1, 7))
+    tight = plan_of(report, PlanRequest(limit=least - 1000, limit_source="flag"))
     assert tight["memory_fits"] is False and tight["memory_excess_bytes"] == 1000
     assert max(tight["predicted_peak_bytes"]) == least
 
@@ -159,8 +159,8 @@ def test_a_limit_no_partition_fits_warns_once_and_training_goes_on(saved):
     tmp, report, _ = saved
     path = tmp / "as_ran.json"
     path.write_text(json.dumps(report))
-    least = min(max(plan_of(report, cut_at=[0, cut, 7])["predicted_peak_bytes"]) for cut in range(1, 7))
-    closest = plan_of(report, limit=least - 1000, source="flag")
+    least = min(max(plan_of(report, PlanRequest(parts=[0, cut, 7]))["predicted_peak_bytes"]) for cut in range(1, 7))
+    closest = plan_of(report, PlanRequest(limit=least - 1000, limit_source="flag"))
     assert closest["memory_fits"] is False and closest["memory_excess_bytes"] == 1000
     process, losses = run_pretrain(tmp, 2, PP2 + ["--train-iters", "1", "--pp-partition-from-profile", path,
                                                   "--pp-partition-memory-limit", str(least - 1000)],

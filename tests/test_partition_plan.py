@@ -15,7 +15,7 @@ from patches.partition.planner import (
     plan,
     predict,
 )
-from patches.partition.report_plan import Basis, gain_within_spread, plan_from_table
+from patches.partition.report_plan import Basis, MeasuredRun, PlanRequest, gain_within_spread, plan_from_table
 
 
 def brute_force(costs, stages, overheads=None):
@@ -176,9 +176,10 @@ def test_a_gain_within_the_spread_of_its_iterations_is_said_to_be_unsupported():
                "recompute_latency_s": 0.0} for i, s in enumerate([1.0, 1.0, 0.5, 0.4])]
     # scaled by 0.8, the loads as ran are 1.6 and 0.72 s, [0, 1, 4]'s 0.8 and 1.52: per micro-batch (4 of them)
     # the 1F1B model moves from 0.58 + 3 x 0.4 = 1.78 to 0.58 + 3 x 0.38 = 1.72 s, so 10 s measured -> 9.94, -0.6%
-    planned = plan_from_table(layers, [0, 2, 4], [0.0, 0.0], 10.0, 4, basis=steady)
+    planned = plan_from_table(MeasuredRun(layers, [0, 2, 4], [0.0, 0.0], 10.0, 4, steady), PlanRequest())
     assert planned["parts"] == [0, 1, 4] and planned["predicted_iter_s"] == pytest.approx(9.94, abs=1e-12)
     words = "; the gain is within that spread, so these measurements cannot tell it from noise"
     assert planned["gain_within_spread"] is True and plan_line(planned).endswith(words)
-    planned = plan_from_table(layers, [0, 2, 4], [0.0, 0.0], 10.0, 4, basis=Basis(0.8, (4, 5, 6), 0.005))
+    planned = plan_from_table(MeasuredRun(layers, [0, 2, 4], [0.0, 0.0], 10.0, 4, Basis(0.8, (4, 5, 6), 0.005)),
+                              PlanRequest())
     assert planned["gain_within_spread"] is False and words not in plan_line(planned)

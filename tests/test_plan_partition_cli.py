@@ -9,7 +9,7 @@ import pytest
 from patches.cli.plan_partition import main
 from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.plan_lines import plan_line
-from patches.partition.report_plan import plan_of, recompute_what_if
+from patches.partition.report_plan import PlanRequest, plan_of, recompute_what_if
 from tests.helpers.golden import GOLDEN
 
 REPORT = GOLDEN / "fork.report.json"
@@ -28,7 +28,7 @@ def test_the_plan_of_a_report_as_it_ran_and_for_another_pp(capsys):
     assert plan_line(report["partition_plan"]) in out.splitlines()  # what the report itself printed
     assert f"use it: --pp-partition-from-profile {REPORT} (Megatron)" in out
     code, out, _ = run(capsys, REPORT, "--pp", 3)
-    parts = plan_of(report, 3)["parts"]
+    parts = plan_of(report, PlanRequest(stages=3))["parts"]
     assert code == 0 and len(parts) == 4 and f"with parts {parts} (pp 3)" in out
 
 
@@ -118,7 +118,7 @@ def test_parts_of_the_same_pp_by_hand(small, capsys):
                    "stage loads with parts: 750 ms, 375 ms\n"
                    "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 3, 4] (pp 2) stage 0 "
                    "bounds at 750 ms, iteration 1.34 s predicted against 1.25 s measured, +7.5%\n")
-    plan = plan_of(small_report(), cut_at=[0, 3, 4])
+    plan = plan_of(small_report(), PlanRequest(parts=[0, 3, 4]))
     assert plan["stage_s"] == [0.75, 0.375] and plan["bound_s"] == 0.75 and plan["predicted_iter_s"] == 1.34375
     assert plan["current_stage_s"] == [0.5, 0.625] and plan["parts"] == [0, 3, 4]
 
@@ -132,7 +132,7 @@ def test_parts_of_another_pp_by_hand(small, capsys):
         "stage loads with parts: 500 ms, 250 ms, 375 ms",
         "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 2, 3, 4] (pp 3) stage 0 bounds at "
         "500 ms, iteration 1.16 s predicted against 1.25 s measured, -7.5%"]
-    assert plan_of(small_report(), cut_at=[0, 2, 3, 4])["predicted_iter_s"] == 1.15625
+    assert plan_of(small_report(), PlanRequest(parts=[0, 2, 3, 4]))["predicted_iter_s"] == 1.15625
     # pp 1, [0, 4]: one stage with both overheads, 1.0 + 0.125 = 1.125; model 1.125 / 4 + 3.375 / 4 = 1.125;
     # predicted 1.625 s, +30%. (1.125 and 1.625 lie half-way at two decimals: printed half to even, 1.12 and 1.62.)
     code, out, _ = run(capsys, small, "--parts", "0,4")
@@ -140,7 +140,7 @@ def test_parts_of_another_pp_by_hand(small, capsys):
         "stage loads with parts: 1.12 s",
         "partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; with parts [0, 4] (pp 1) stage 0 bounds at "
         "1.12 s, iteration 1.62 s predicted against 1.25 s measured, +30.0%"]
-    plan = plan_of(small_report(), cut_at=[0, 4])
+    plan = plan_of(small_report(), PlanRequest(parts=[0, 4]))
     assert plan["stage_s"] == [1.125] and plan["predicted_iter_s"] == 1.625
 
 
@@ -228,7 +228,7 @@ def test_a_limit_the_fastest_partition_exceeds_chooses_the_fastest_within_it(sma
         "iteration 1.53 s predicted against 1.25 s measured, +22.5%; stage 1 has the least memory headroom, "
         "1.58 KB predicted of 2 KB (flag)"]
     assert "--pp-partition-from-profile " + str(small_memory) + " --pp-partition-memory-limit 2KB (Megatron)" in out
-    plan = plan_of(small_report_with_memory(), limit=2000, source="flag")
+    plan = plan_of(small_report_with_memory(), PlanRequest(limit=2000, limit_source="flag"))
     assert plan["parts"] == [0, 1, 4] and plan["predicted_iter_s"] == 1.53125
     assert plan["predicted_peak_bytes"] == [300, 1580] and plan["memory_fits"] is True
     assert plan["memory_limit_bytes"] == 2000 and plan["memory_excess_bytes"] is None
@@ -236,7 +236,7 @@ def test_a_limit_the_fastest_partition_exceeds_chooses_the_fastest_within_it(sma
     layers, positions = memory_terms_of(small_report_with_memory())
     assert [p.predicted_peak_bytes for p in predict_peaks(layers, positions, [0, 1, 4], 4)] == [300, 1580]
     # a limit the fastest fits leaves it, the stage with the least headroom named
-    assert plan_of(small_report_with_memory(), limit=2400, source="flag")["parts"] == [0, 2, 4]
+    assert plan_of(small_report_with_memory(), PlanRequest(limit=2400, limit_source="flag"))["parts"] == [0, 2, 4]
     code, out, _ = run(capsys, small_memory, "--memory-limit", "2400")
     assert code == 0 and out.splitlines()[4] == (
         "partition: stage 1 bounds at 625 ms with parts [0, 2, 4], already the best contiguous one for these layers' "
@@ -251,7 +251,7 @@ def test_no_partition_within_the_limit_is_one_line_and_exit_2(small_memory, caps
     assert err == ("error: no partition of these 4 layers into 2 stages keeps every stage's predicted memory peak "
                    "within 1 KB (flag): the closest, parts [0, 1, 4], exceeds it by 580 bytes (580 B) on stage 1, "
                    "1.58 KB predicted\n")
-    plan = plan_of(small_report_with_memory(), limit=1000, source="flag")
+    plan = plan_of(small_report_with_memory(), PlanRequest(limit=1000, limit_source="flag"))
     assert plan["memory_fits"] is False and plan["memory_excess_bytes"] == 580 and plan["parts"] == [0, 1, 4]
     assert plan_line(plan).startswith("partition: stage 1 bounds at 625 ms with parts [0, 2, 4]; no partition of")
 
@@ -342,7 +342,7 @@ def test_a_recompute_what_if_is_the_planners_own_prediction(capsys):
     gives the plan's figures, what ran (2,2) gives back the measured iteration; a count list of another length is
     one line, exit 2."""
     report = json.loads(REPORT.read_text())
-    chosen = plan_of(report, limit=500_000, source="flag")["recompute_plan"]
+    chosen = plan_of(report, PlanRequest(limit=500_000, limit_source="flag"))["recompute_plan"]
     assert recompute_what_if(report, chosen["parts"], chosen["recompute_layers"], 500_000) == chosen  # every field
     code, out, _ = run(capsys, REPORT, "--recompute", "1,1", "--pp-partition-memory-limit", "500KB")
     assert code == 0 and chosen["recompute_layers"] == [1, 1]

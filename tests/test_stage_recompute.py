@@ -18,7 +18,7 @@ import pytest
 from megatron.arguments import parse_args
 from megatron.model.gpt_model import pipeline_stage_layers
 from patches.formats.units import number_to_string
-from patches.partition.report_plan import plan_of
+from patches.partition.report_plan import PlanRequest, plan_of
 from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall
 from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT, layout
@@ -174,11 +174,11 @@ def test_each_layer_is_measured_both_ways_whether_it_recomputed_or_not(tmp_path_
 
 def _planned_limit(report):
     """A memory limit under which the report's plan recomputes some layers, not all, and fits: (limit, the plan)."""
-    roomy = plan_of(report, limit=10 ** 12, source="flag")["recompute_plan"]
+    roomy = plan_of(report, PlanRequest(limit=10 ** 12, limit_source="flag"))["recompute_plan"]
     assert roomy["recompute_layers"] == [0, 0]  # nothing need recompute
     for percent in range(95, 40, -5):
         limit = max(roomy["predicted_peak_bytes"]) * percent // 100
-        chosen = plan_of(report, limit=limit, source="flag")["recompute_plan"]
+        chosen = plan_of(report, PlanRequest(limit=limit, limit_source="flag"))["recompute_plan"]
         if chosen["memory_fits"] and 0 < sum(chosen["recompute_layers"]) < LAYERS:
             return limit, chosen
     raise AssertionError("no limit between recomputing nothing and everything")

@@ -23,7 +23,7 @@ from patches.formats.units import bytes_to_string, duration_to_string, parse_siz
 from patches.partition.memory_model import memory_terms_of
 from patches.partition.plan_lines import no_fit_line, plan_line, recompute_what_if_line, what_if_line
 from patches.partition.recompute import parse_recompute_layers
-from patches.partition.report_plan import plan_of, read_report, recompute_what_if
+from patches.partition.report_plan import PlanRequest, plan_of, read_report, recompute_what_if
 from patches.process.errors import PatchConfigError
 
 # as the Megatron flag (patches/to_megatron/megatron_flags.py) spells it
@@ -86,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 limit, source = parse_size(args.memory_limit), "flag"
             except ValueError as error:
                 raise PatchConfigError(f"{MEMORY_LIMIT_FLAG} {args.memory_limit}: {error}") from None
-        plan = plan_of(report, args.pp, parts, limit, source)
+        plan = plan_of(report, PlanRequest(stages=args.pp, parts=parts, limit=limit, limit_source=source))
         if args.recompute is not None:
             cut = parts or plan["current_parts"]
             what_if = recompute_what_if(report, cut, list(parse_recompute_layers(args.recompute, "--recompute")),

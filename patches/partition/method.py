@@ -31,7 +31,7 @@ from patches.formats.units import parse_size
 from patches.partition.layers import layer_types
 from patches.partition.plan_lines import no_fit_line
 from patches.partition.recompute import recompute_layers
-from patches.partition.report_plan import plan_of, read_report
+from patches.partition.report_plan import PlanRequest, plan_of, read_report
 from patches.process import store
 from patches.process.errors import PatchConfigError
 from patches.process.registry import REGISTRY
@@ -212,6 +212,6 @@ def profiled_plan(report_path: str, types: List[str], stages: int, limit: Option
         raise PatchConfigError(f"the profile report {report_path} has {len(layers)} layers: too few for {stages} "
                                "pipeline stages")
     try:
-        return plan_of(report, stages, limit=limit, source=source)
+        return plan_of(report, PlanRequest(stages=stages, limit=limit, limit_source=source))
     except PatchConfigError as error:
         raise PatchConfigError(f"the profile report {report_path}: {error}") from None

@@ -94,8 +94,9 @@ def spread_words(plan: dict) -> str:
 
 
 def what_if_line(plan: dict) -> str:
-    """plan_of(..., cut_at=parts) as one line: 'stage 1 bounds at 211 ms with parts [0, 4, 7]; with parts [0, 2, 7]
-    (pp 2) stage 0 bounds at ...' (megatron-plan-partition --parts: a partition the user names, which may be worse);
+    """A what-if plan (PlanRequest(parts=...)) as one line: 'stage 1 bounds at 211 ms with parts [0, 4, 7]; with
+    parts [0, 2, 7] (pp 2) stage 0 bounds at ...' (megatron-plan-partition --parts: a partition the user names, which
+    may be worse);
     under a memory limit, the stage with the least headroom or by how much the largest peak exceeds it."""
     bounding = plan["stage_s"].index(plan["bound_s"])
     line = (f"partition: {_as_ran(plan)}; with parts {plan['parts']} (pp {plan['pipeline_parallel_size']}) "

@@ -32,6 +32,44 @@ class Basis:
                 "note": self.note}
 
 
+@dataclass(frozen=True)
+class MeasuredRun:
+    """What one profiled run measured, as the planner reads it."""
+    layers: List[dict]  # the report's layer table
+    parts: List[int]  # the partition that ran
+    overheads: List[float]  # each stage's work that no layer accounts for, as measured
+    iter_s: float  # the steady iteration every plan's times are scaled to
+    micro_batches: int
+    basis: Optional[Basis] = None
+    memory: Optional[tuple] = None  # memory_model.memory_terms_of's (layers, positions); None: not measured
+    schedule: Optional[str] = None  # the run's, for the in-flight micro-batches of another number of stages
+
+    @classmethod
+    def of_report(cls, report: dict) -> "MeasuredRun":
+        plan = report.get("partition_plan") or {}
+        parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
+        stored = plan.get("basis")  # None in a report from before plans had one
+        basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"]) \
+            if stored else None
+        return cls(report["layers"], parts, plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1),
+                   report["totals"]["throughput_iter_s"], report["parallelism"]["micro_batches"], basis,
+                   memory_terms_of(report), (report.get("bubble") or {}).get("schedule"))
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to ask of a measured run: the best partition into `stages` (default: as many as ran), every stage's
+    predicted peak within `limit` bytes where one is given (limit_source: 'flag', 'environment' or 'device'); or,
+    with `parts`, what those parts would do (a what-if of a partition the plan did not choose)."""
+    stages: Optional[int] = None
+    parts: Optional[List[int]] = None
+    limit: Optional[int] = None
+    limit_source: Optional[str] = None
+
+    def planned_stages(self, run: MeasuredRun) -> int:
+        return len(self.parts) - 1 if self.parts else self.stages or len(run.parts) - 1
+
+
 def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
                    micro_batches: int, basis: Basis = Basis(), limit: Optional[int] = None,
                    source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
@@ -41,9 +79,9 @@ def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Opti
     limit came from, 'flag', 'environment' or 'device')."""
     if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
         return None
-    return plan_from_table(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis=basis,
-                           memory=memory_terms_of({"stages": stages, "layers": layers}), limit=limit, source=source,
-                           schedule=schedule)
+    run = MeasuredRun(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis,
+                      memory_terms_of({"stages": stages, "layers": layers}), schedule)
+    return plan_from_table(run, PlanRequest(limit=limit, limit_source=source))
 
 
 def peak_of(memory, stages: int, micro_batches: int, schedule: Optional[str]) -> Optional[PeakOf]:
@@ -67,44 +105,40 @@ def peak_of(memory, stages: int, micro_batches: int, schedule: Optional[str]) ->
     return peak
 
 
-def plan_from_table(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
-                    micro_batches: int, pp: Optional[int] = None, cut_at: Optional[List[int]] = None,
-                    basis: Optional[Basis] = None, memory=None, limit: Optional[int] = None,
-                    source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
-    """partition_plan's dict from a report's layer table (also for a saved report, cli/plan_partition.py).
-    cut_at: the prediction for these parts instead of the best ones. basis.time_scale scales every measured
-    time (the layers' and the stages' overheads, `overheads` as measured) to the steady iteration `iter_s`.
-    memory: memory_model.memory_terms_of's (layers, positions), for each stage's predicted peak; limit: the best
-    parts under it, by the same scaled times (source: where it came from); schedule: the run's, for the in-flight
-    micro-batches of another number of stages."""
-    ran = len(parts) - 1
-    pp = len(cut_at) - 1 if cut_at else pp or ran
+def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
+    """partition_plan's dict for `request` from a run's layer table (also for a saved report, plan_of). The run's
+    basis.time_scale scales every measured time (the layers' and the stages' overheads) to its steady iteration;
+    the peaks are memory_model's; under a limit, recompute_plan is the partition with each stage's recompute chosen
+    with it (not for a what-if)."""
+    layers, parts, iter_s, micro_batches = run.layers, run.parts, run.iter_s, run.micro_batches
+    ran, pp = len(parts) - 1, request.planned_stages(run)
     if len(layers) < pp or shared_on_one_stage(layers):
         return None
-    scale = basis.time_scale if basis is not None else 1.0
+    scale = run.basis.time_scale if run.basis is not None else 1.0
     costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * scale) for row in layers]
-    scaled_overheads = [overhead * scale for overhead in overheads]
+    scaled_overheads = [overhead * scale for overhead in run.overheads]
     current = [sum(cost.seconds for cost in costs if cost.stage == s) + scaled_overheads[s] for s in range(ran)]
-    peak = peak_of(memory, pp, micro_batches, schedule)
+    peak = peak_of(run.memory, pp, micro_batches, run.schedule)
+    limit, source = request.limit, request.limit_source
     if peak is None and source == DEVICE:  # the device's memory is a default, not asked for: planned by time
         limit = source = None
-    best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, cut_at) if cut_at else \
+    best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, request.parts) if request.parts else \
         plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit)
     peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None
     fits = max(peaks) <= limit if peaks is not None and limit is not None else None
     change = best.predicted_iter_s / iter_s - 1
+    recompute = None if request.parts else recompute_plan_of(layers, parts, scaled_overheads, iter_s, micro_batches,
+                                                              pp, run.memory, limit, run.schedule, scale)
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
-            "measured_iter_s": iter_s, "stage_overhead_s": overheads, "parts": best.parts, "stage_s": best.stage_s,
-            "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
+            "measured_iter_s": iter_s, "stage_overhead_s": run.overheads, "parts": best.parts,
+            "stage_s": best.stage_s, "bound_s": best.bound_s, "predicted_iter_s": best.predicted_iter_s,
             "predicted_change": change, "predicted_bubble": best.predicted_bubble,
-            "basis": basis.as_dict() if basis is not None else None,
-            "gain_within_spread": gain_within_spread(change, best.parts != list(parts), basis),
+            "basis": run.basis.as_dict() if run.basis is not None else None,
+            "gain_within_spread": gain_within_spread(change, best.parts != list(parts), run.basis),
             "memory_limit_bytes": limit, "memory_limit_source": source if limit is not None else None,
             "predicted_peak_bytes": peaks, "memory_fits": fits,
-            "memory_excess_bytes": max(peaks) - limit if fits is False else None,
-            "recompute_plan": None if cut_at else recompute_plan_of(layers, parts, scaled_overheads, iter_s,
-                                                                    micro_batches, pp, memory, limit, schedule, scale)}
+            "memory_excess_bytes": max(peaks) - limit if fits is False else None, "recompute_plan": recompute}
 
 
 def recomputable_rows(layers: List[dict]) -> List[bool]:
@@ -196,42 +230,30 @@ def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Op
     return -change <= basis.spread
 
 
-def plan_of(report: dict, stages: Optional[int] = None, cut_at: Optional[List[int]] = None,
-            limit: Optional[int] = None, source: Optional[str] = None) -> dict:
-    """The report's partition plan for `stages` (default: as many as ran), as report.partition_plan has it;
-    cut_at: its prediction for these parts instead (a partition the plan did not choose). limit (bytes): plan
-    with every stage's predicted peak within it (source: where it came from). A limit that the report's memory
-    terms cannot honour is a PatchConfigError, unless it is the device's (a default: planned by time)."""
-    plan = report.get("partition_plan") or {}
-    parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
-    overheads = plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1)
-    iter_s = report["totals"]["throughput_iter_s"]
+def plan_of(report: dict, request: PlanRequest = PlanRequest()) -> dict:
+    """The report's partition plan for `request`, as report.partition_plan has it (plan_from_table). A limit that
+    the report's memory terms cannot honour is a PatchConfigError, unless it is the device's (a default: planned by
+    time)."""
     shared = shared_on_one_stage(report["layers"])
     if shared:
         raise PatchConfigError(
             f"layers {' and '.join(str(i) for i in shared[0])} of the profile report ran one tied module on one "
             "stage: their times cannot be told apart, so no plan is made from it (profile a partition that puts "
             "them on different stages)")
-    stored = plan.get("basis")  # None in a report from before plans had one
-    basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"]) \
-        if stored else None
-    memory = memory_terms_of(report)
-    micro_batches = report["parallelism"]["micro_batches"]
-    schedule = (report.get("bubble") or {}).get("schedule")
-    asked = limit is not None and source != DEVICE
-    if asked and memory is None:
+    run = MeasuredRun.of_report(report)
+    limit, asked = request.limit, request.limit is not None and request.limit_source != DEVICE
+    if asked and run.memory is None:
         raise PatchConfigError(
             f"a memory limit of {bytes_to_string(limit)} cannot be honoured: the profile report has no memory terms "
             "(each stage's memory and each layer's state and activation bytes, measured by this profiler on a "
             "pipeline run)")
-    if asked and peak_of(memory, len(cut_at) - 1 if cut_at else stages or len(parts) - 1, micro_batches,
-                         schedule) is None:
-        planned = len(cut_at) - 1 if cut_at else stages
+    planned = request.planned_stages(run)
+    if asked and peak_of(run.memory, planned, run.micro_batches, run.schedule) is None:
         raise PatchConfigError(
             f"a memory limit of {bytes_to_string(limit)} cannot be honoured for {planned} stages: the run's schedule "
-            f"({schedule}) keeps micro-batches in flight in a way not known for them (plan for {len(parts) - 1})")
-    return plan_from_table(report["layers"], parts, overheads, iter_s, micro_batches, stages, cut_at, basis, memory,
-                           limit, source, schedule)
+            f"({run.schedule}) keeps micro-batches in flight in a way not known for them (plan for "
+            f"{len(run.parts) - 1})")
+    return plan_from_table(run, request)
 
 
 def _parts_from_layers(layers):
