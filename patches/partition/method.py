@@ -56,11 +56,13 @@ class Cut:
 
 
 def cut_by(plan: dict) -> Cut:
-    """Under a memory limit, the partition with each stage's recompute chosen with it (the plan's recompute_plan),
-    where the report allowed one, it fits, and no recompute per stage is asked for otherwise (--pp-recompute-layers,
-    $DS_PIPE_RECOMPUTE_LAYERS); else the plan's parts, the recompute as the module asks."""
+    """Under a memory limit asked for (the flag or the environment; not the device's memory, a default the
+    prediction would be taken right up to), the partition with each stage's recompute chosen with it (the plan's
+    recompute_plan), where the report allowed one, it fits, and no recompute per stage is asked for otherwise
+    (--pp-recompute-layers, $DS_PIPE_RECOMPUTE_LAYERS); else the plan's parts, the recompute as the module asks."""
     chosen = plan.get("recompute_plan")
-    if chosen is None or not chosen["memory_fits"] or recompute_layers()[0] is not None:
+    asked = plan.get("memory_limit_source") in ("flag", "environment")
+    if chosen is None or not asked or not chosen["memory_fits"] or recompute_layers()[0] is not None:
         return Cut(list(plan["parts"]))
     return Cut(list(chosen["parts"]), tuple(chosen["recompute_layers"]))
 
