@@ -223,10 +223,10 @@ def _recompute_dict(parts: List[int], stages: List[StageChoice], layers: List[di
 
 def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Optional[bool]:
     """Whether a plan's predicted gain is no larger than the spread of the steady iterations its times rest on (the
-    measurements cannot tell such a gain from their own variation); None where nothing moves or no spread was
-    measured."""
-    if not moved or basis is None or basis.spread is None or basis.note is not None:
-        return None
+    measurements cannot tell such a gain from their own variation); None where nothing moves, the plan is slower, or
+    no spread was measured."""
+    if not moved or change >= 0 or basis is None or basis.spread is None or basis.note is not None:
+        return None  # nothing moves, a slower plan (no gain to doubt: one a memory limit forces), or no spread
     return -change <= basis.spread
 
 
