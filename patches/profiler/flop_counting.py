@@ -27,8 +27,8 @@ from patches.profiler.flop_formulas import (
     is_matrix_class,
 )
 from patches.profiler.module_tree import ModuleNode
+from patches.profiler.phase_names import PHASE_PREFIXES
 from patches.profiler.phase_stack import PhaseStack
-from patches.profiler.phases import PHASE_PREFIXES
 
 
 @dataclass(frozen=True)

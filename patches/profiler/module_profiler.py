@@ -40,8 +40,9 @@ from patches.profiler.flop_counting import FlopCountingMode, FlopCredits, Uncoun
 from patches.profiler.gc_pauses import GcPauses, GcSummary
 from patches.profiler.module_hooks import ModuleHooks, ModuleHooksFailed
 from patches.profiler.module_tree import ModuleEvent, ModuleTree
+from patches.profiler.phase_names import PHASE_PREFIXES
 from patches.profiler.phase_stack import PhaseStack
-from patches.profiler.phases import BACKWARD, PHASE_PREFIXES
+from patches.profiler.phases import BACKWARD
 
 # UncountedOp and ModuleEvent live with the parts that make them; readers of the profiler import them here.
 __all__ = ("ModuleEvent", "ModuleProfiler", "ModuleResults", "UncountedOp")

@@ -16,7 +16,8 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 
 from patches.profiler.flop_formulas import ModuleFlops, module_flops_for
-from patches.profiler.phases import FORWARD, PHASE_PREFIXES, PHASES
+from patches.profiler.phase_names import PHASE_PREFIXES
+from patches.profiler.phases import FORWARD, PHASES
 
 # (module path, module type, depth, phase 'fwd'/'bwd'/'recompute', start, end): one stretch of a module's activity
 ModuleEvent = Tuple[str, str, int, str, float, float]

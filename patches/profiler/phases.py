@@ -12,13 +12,6 @@ import torch
 
 FORWARD, BACKWARD, RECOMPUTE = 0, 1, 2
 PHASES = (FORWARD, BACKWARD, RECOMPUTE)
-# The prefixes of the report's fields: fwd_flops, bwd_flops, recompute_flops, ...
-PHASE_PREFIXES = ("fwd", "bwd", "recompute")
-
-
-def phase_fields(suffix: str) -> tuple:
-    """('fwd_<suffix>', 'bwd_<suffix>', 'recompute_<suffix>'): a report field for each phase."""
-    return tuple(f"{prefix}_{suffix}" for prefix in PHASE_PREFIXES)
 
 
 _graph_task_id = torch._C._current_graph_task_id

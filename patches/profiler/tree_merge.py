@@ -3,7 +3,7 @@ rank's), the stages' trees under one root, and the whole tree aggregated by dept
 profile)."""
 from typing import List
 
-from patches.profiler.phases import phase_fields
+from patches.profiler.phase_names import phase_fields
 
 # Node fields that are counts (exact ints) and those that are seconds.
 FLOP_FIELDS = phase_fields("flops") + phase_fields("other_flops")
