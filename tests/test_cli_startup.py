@@ -1,4 +1,4 @@
-"""The three commands only read JSON: each runs in a fresh interpreter without importing torch or DeepSpeed (which
+"""The commands only read JSON: each runs in a fresh interpreter without importing torch or DeepSpeed (which
 take seconds to import, and DeepSpeed says a line of its own first), and says nothing on stderr but its own words."""
 import subprocess
 import sys
@@ -41,3 +41,9 @@ def test_the_plot_imports_matplotlib_but_no_torch(tmp_path):
     # The golden report has no trace beside it: the plot's own note is all stderr says.
     assert process.stderr == f"note: no trace at {GOLDEN / 'pipeline_trace_step3.json'}: plotting the stage bars only\n"
     assert process.stdout.splitlines()[-1] == "imported: []"
+
+
+def test_the_page_imports_plotly_but_no_torch(tmp_path):
+    process = run_command("patches.cli.profile_page", REPORT, "-o", tmp_path / "page.html")
+    assert process.returncode == 0 and process.stderr == "", process.stderr
+    assert process.stdout.splitlines() == [f"wrote {tmp_path / 'page.html'}", "imported: []"]

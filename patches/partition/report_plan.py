@@ -156,7 +156,7 @@ def recompute_plan_of(layers: List[dict], parts: List[int], overheads: List[floa
     (recompute_plan.py), where the report has a limit, its memory terms and each layer's bytes both ways; None
     otherwise. overheads: as measured, scaled. Its iteration is predicted as the partition plan's (the model plus
     what it leaves out of the measured iteration)."""
-    options = _recompute_options(layers, overheads, micro_batches, pp, memory, schedule, scale)
+    options = recompute_options(layers, overheads, micro_batches, pp, memory, schedule, scale)
     if limit is None or options is None:
         return None
     chosen = plan_recompute(options.layers, options.positions, options.overheads, limit)
@@ -177,7 +177,7 @@ def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: 
     if len(counts) != len(parts) - 1:
         raise PatchConfigError(f"--recompute {','.join(map(str, counts))}: {len(counts)} counts for "
                                f"{len(parts) - 1} stages")
-    options = _recompute_options(report["layers"], scaled, report["parallelism"]["micro_batches"], len(parts) - 1,
+    options = recompute_options(report["layers"], scaled, report["parallelism"]["micro_batches"], len(parts) - 1,
                                  memory_terms_of(report), (report.get("bubble") or {}).get("schedule"), scale)
     if options is None:
         raise PatchConfigError("the profile report has no bytes of its layers both ways (kept whole and as a "
@@ -189,7 +189,7 @@ def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: 
                            report["parallelism"]["micro_batches"], scale, excess if excess and excess > 0 else None)
 
 
-def _recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,
+def recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,
                        schedule: Optional[str], scale: float) -> Optional[StageOptions]:
     if memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
         return None

@@ -13,8 +13,9 @@ for the run's last iteration, or for the loop's end (finish()), whichever comes 
 over on its first iteration: its attachment (profiler/attachment.py) gets the run's `describe`, so that the
 reports this loop does not ask for itself (the config section's, the user's own FlopsProfiler code's) describe
 the run as well; and with --profile-flops-step the config section stays out of the engine. The profiled
-iteration's report is delivered by FileOutput: printed on global rank 0, flops_profile_stepN.json and
-pipeline_trace_stepN.json written, TensorBoard scalars where the rank has a writer.
+iteration's report is delivered by FileOutput: printed on global rank 0, flops_profile_stepN.json,
+pipeline_trace_stepN.json and the page flops_profile_stepN.html written, TensorBoard scalars where the rank has a
+writer.
 """
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from patches.page import write_profile_page
 from patches.profiler.attachment import attachment_of
 from patches.profiler.context import RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
@@ -34,8 +36,9 @@ Result = TypeVar("Result")
 @dataclass(frozen=True)
 class FileOutput:
     """What --profile-flops-step does with its report: global rank 0 prints it and writes
-    flops_profile_stepN.json and pipeline_trace_stepN.json into `directory`; a TensorBoard writer (where the
-    rank has one) gets the headline scalars. A file rank 0 cannot write is one warning line; training goes on."""
+    flops_profile_stepN.json, pipeline_trace_stepN.json and the page flops_profile_stepN.html (where plotly is
+    installed) into `directory`; a TensorBoard writer (where the rank has one) gets the headline scalars. A file
+    rank 0 cannot write is one warning line; training goes on."""
     directory: str
     tensorboard_writer: Any = None
 
@@ -44,6 +47,9 @@ class FileOutput:
 
     def trace_path(self, step: int) -> str:
         return os.path.join(self.directory, f"pipeline_trace_step{step}.json")
+
+    def page_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"flops_profile_step{step}.html")
 
     def deliver(self, reports: GatheredReports, step: int) -> None:
         """Collective: every rank calls it for the same report."""
@@ -59,10 +65,19 @@ class FileOutput:
             reports.write(lambda: write_json(report, json_path), json_path)
             trace = reports.trace(step)
             reports.write(lambda: write_trace(trace, trace_path), trace_path)
+            page_path = self.page_path(step)
+            reports.write(lambda: self._write_page(report, trace, page_path), page_path)
         except ReportWriteError as error:  # every rank has it: training goes on, unprofiled, on every rank
             warn_on_rank_0(f"{error}; training goes on")
         if self.tensorboard_writer is not None:
             write_tensorboard_scalars(report, self.tensorboard_writer, step)
+
+    @staticmethod
+    def _write_page(report: dict, trace: dict, path: str) -> None:
+        """On global rank 0: the page beside the report, or one warning line saying why not (an extra)."""
+        problem = write_profile_page(report, trace, path, os.path.basename(path))
+        if problem is not None:
+            warn_on_rank_0(f"the profile page {problem}; training goes on")
 
 
 class MegatronRun(Protocol):

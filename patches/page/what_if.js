@@ -1,0 +1,104 @@
+// The planner's model (patches/partition/what_if.py): the same terms, the same formulas, sums in the same order, so
+// that a what-if here is megatron-plan-partition's --parts (and --recompute) to the last digit.
+function modelIterS(stageS, microBatches) {  // planner.model_iter_s
+  const perMicroBatch = stageS.map((seconds) => seconds / microBatches);
+  let sum = 0;
+  for (const value of perMicroBatch) sum += value;
+  return sum + (microBatches - 1) * Math.max(...perMicroBatch);
+}
+
+function floorDiv(a, b) {  // Python's // on integers, exact (BigInt) and rounding down for negatives too
+  const [x, y] = [BigInt(a), BigInt(b)];
+  let quotient = x / y;
+  if ((x % y !== 0n) && ((x < 0n) !== (y < 0n))) quotient -= 1n;
+  return Number(quotient);
+}
+
+function stagePeak(stateBytes, layerActivationBytes, position, recomputeTransientBytes) {  // memory_model.stage_peak
+  const activation = layerActivationBytes + position.outside_layers_bytes;
+  const held = position.base_bytes + stateBytes;
+  const transient = Math.max(position.compute_transient_bytes, recomputeTransientBytes);
+  const compute = held + position.in_flight_micro_batches * activation + transient;
+  let scaled = position.step_transient_bytes - position.fixed_buffer_bytes;
+  if (position.step_state_bytes) scaled = floorDiv(BigInt(scaled) * BigInt(stateBytes), position.step_state_bytes);
+  const step = held + position.fixed_buffer_bytes + scaled;
+  return Math.max(compute, step);
+}
+
+function prefix(values) {
+  const sums = [0];
+  for (const value of values) sums.push(sums[sums.length - 1] + value);
+  return sums;
+}
+
+function directSum(values) {
+  let sum = 0;
+  for (const value of values) sum += value;
+  return sum;
+}
+
+// What the measured run predicts for `parts` (and, where the model has recompute terms and `counts` is given, stage
+// s recomputing its first counts[s] recomputable layers): report_plan.plan_of(PlanRequest(parts=...)) and
+// report_plan.recompute_what_if.
+function predictWhatIf(model, parts, counts) {
+  const layers = model.layers, micro = model.micro_batches, stages = parts.length - 1;
+  const positions = model.positions, withRecompute = model.recompute_terms && counts != null;
+  const stageS = [], peaks = [];
+  const recomputable = layers.map((layer, place) => (layer.recomputable ? place : -1)).filter((p) => p >= 0);
+  const chosen = recomputable.map((place) => layers[place]);
+  const base = prefix(layers.map((layer) => layer.base_s));
+  const saved = prefix(chosen.map((layer) => Math.max(0, layer.whole_bytes - layer.checkpoint_bytes)));
+  const recomputeS = prefix(chosen.map((layer) => layer.recompute_s));
+  const whole = prefix(layers.map((layer) => layer.whole_bytes));
+  const state = prefix(layers.map((layer) => layer.state_bytes));
+  const kept = prefix(layers.map((layer) => layer.activation_bytes));
+  for (let s = 0; s < stages; s++) {
+    const first = parts[s], stop = parts[s + 1], overhead = model.overhead_s[s];
+    if (withRecompute) {  // recompute_plan.StageOptions.choice
+      const start = recomputable.filter((place) => place < first).length;
+      const end = recomputable.filter((place) => place < stop).length;
+      const k = Math.min(counts[s], end - start);
+      let largest = 0;
+      for (let i = start; i < start + k; i++) largest = Math.max(largest, chosen[i].whole_bytes);
+      stageS.push(base[stop] - base[first] + overhead + recomputeS[start + k] - recomputeS[start]);
+      if (positions) {
+        const activation = whole[stop] - whole[first] - (saved[start + k] - saved[start]);
+        peaks.push(stagePeak(state[stop] - state[first], activation, positions[s], largest));
+      }
+    } else {  // planner.predict's loads; report_plan.peak_of
+      stageS.push(directSum(layers.slice(first, stop).map((layer) => layer.seconds)) + overhead);
+      if (positions) peaks.push(stagePeak(state[stop] - state[first], kept[stop] - kept[first], positions[s], 0));
+    }
+  }
+  const modelled = modelIterS(stageS, micro);
+  const predicted = withRecompute ? modelled + model.measured_iter_s - model.ran_model_s
+                                  : modelled + (model.measured_iter_s - model.ran_model_s);
+  return {parts: parts.slice(), counts: withRecompute ? counts.slice() : null, stage_s: stageS,
+          predicted_iter_s: predicted, predicted_change: predicted / model.measured_iter_s - 1,
+          predicted_peak_bytes: positions ? peaks : null};
+}
+
+function recomputableIn(model, first, stop) {
+  return model.layers.slice(first, stop).filter((layer) => layer.recomputable).length;
+}
+
+// The lines megatron-plan-partition prints for the same choice (--parts, and --recompute).
+function whatIfLines(model, result, limit) {
+  const label = result.counts ? "with recompute" : "with parts";
+  const lines = [`stage loads ${label}: ` + result.stage_s.map(durationToString).join(", ")];
+  if (result.predicted_peak_bytes) {
+    lines.push(`stage peaks ${label}: ` + result.predicted_peak_bytes.map(bytesToString).join(", ")
+               + (limit ? ` (limit ${bytesToString(limit)})` : ""));
+  }
+  let words = `iteration ${durationToString(result.predicted_iter_s)} predicted against `
+              + `${durationToString(model.measured_iter_s)} measured, ${signedPercent(result.predicted_change)}`;
+  if (limit && result.predicted_peak_bytes) {
+    const peaks = result.predicted_peak_bytes, worst = peaks.indexOf(Math.max(...peaks));
+    words += peaks[worst] <= limit
+      ? `; every stage within ${bytesToString(limit)}, stage ${worst} the closest at ${bytesToString(peaks[worst])}`
+      : `; stage ${worst}'s predicted memory peak, ${bytesToString(peaks[worst])}, exceeds ${bytesToString(limit)}`
+        + ` by ${groupedInteger(peaks[worst] - limit)} bytes`;
+  }
+  lines.push(words);
+  return lines;
+}

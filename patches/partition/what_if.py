@@ -1,0 +1,84 @@
+"""The planner's model of one measured run as plain numbers, for a what-if outside Python (the profile page's): every
+term megatron-plan-partition's `--parts` and `--recompute` predictions read, already scaled, so that another
+partition's (and each stage's recompute's) time and peaks are a few sums and the two formulas below.
+
+    stage_s[s]   = its layers' seconds + its position's overhead (+ each recomputed layer's recompute_s)
+    iteration    = model(stage_s) + measured_iter_s - model(the stages as they ran)
+    model(t)     = sum(t / m) + (m - 1) * max(t / m)                                          (planner.model_iter_s)
+    peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, transient])
+
+Without recompute terms, a layer costs `seconds` and keeps `activation_bytes` (as it ran: planner.predict and
+report_plan.peak_of); with them, it costs `base_s` plus `recompute_s` where recomputed, and keeps `whole_bytes`, or
+`checkpoint_bytes` where recomputed, the largest recomputed layer's whole bytes alive while its backward runs
+(recompute_plan.StageOptions.choice). Sums over a stage's layers are taken in the planner's order (a direct sum,
+or prefix sums where recompute_plan takes them), so that another language gets the same floating-point figures.
+Only the number of stages that ran: another one moves each position's terms (memory_model.positions_for), which
+the page does not offer. No torch or DeepSpeed import.
+"""
+from dataclasses import asdict, dataclass
+from typing import List, Optional
+
+from patches.partition.memory_model import PositionMemory
+from patches.partition.planner import model_iter_s
+from patches.partition.report_plan import MeasuredRun, recompute_options
+from patches.partition.table import layer_seconds
+
+
+@dataclass(frozen=True)
+class WhatIfLayer:
+    index: int
+    type: str
+    seconds: float  # as it ran (forward + backward + recompute), scaled to the steady iteration
+    state_bytes: Optional[int]  # None: no memory terms
+    activation_bytes: Optional[int]  # as it ran, per micro-batch
+    base_s: Optional[float] = None  # forward + backward, without recompute; None: no recompute terms
+    recompute_s: Optional[float] = None
+    recomputable: Optional[bool] = None
+    whole_bytes: Optional[int] = None
+    checkpoint_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class WhatIfModel:
+    micro_batches: int
+    measured_iter_s: float
+    ran_model_s: float  # the model of the partition that ran: what the model leaves out is measured minus it
+    current_parts: List[int]
+    overhead_s: List[float]  # each stage position's, scaled
+    layers: List[WhatIfLayer]
+    positions: Optional[List[PositionMemory]]  # None: no memory terms
+    recompute_terms: bool  # each layer has base_s .. checkpoint_bytes
+    memory_limit_bytes: Optional[int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def what_if_model(report: dict) -> Optional[WhatIfModel]:
+    """The model of a report with a layer table and a partition plan (a PipelineModule's run over several stages);
+    None otherwise."""
+    plan, rows = report.get("partition_plan"), report.get("layers")
+    if not plan or not rows:
+        return None
+    run = MeasuredRun.of_report(report)
+    scale = run.basis.time_scale if run.basis is not None else 1.0
+    rows = sorted(rows, key=lambda row: row["index"])
+    overheads = [overhead * scale for overhead in run.overheads]
+    ran = [sum(layer_seconds(row) * scale for row in rows if row["stage"] == s) + overheads[s]
+           for s in range(len(run.parts) - 1)]
+    options = recompute_options(rows, overheads, run.micro_batches, len(run.parts) - 1, run.memory, run.schedule,
+                                 scale)
+    memory_rows = {layer.index: layer for layer in run.memory[0]} if run.memory is not None else {}
+    layers = []
+    for position, row in enumerate(rows):
+        kept = memory_rows.get(row["index"])
+        both = options.layers[position] if options is not None else None
+        layers.append(WhatIfLayer(
+            row["index"], row["type"], layer_seconds(row) * scale, kept.state_bytes if kept else None,
+            kept.activation_bytes if kept else None, both.seconds if both else None,
+            both.recompute_s if both else None, both.recomputable if both else None,
+            both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
+    return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(ran, run.micro_batches),
+                       list(run.parts), overheads, layers,
+                       list(run.memory[1]) if run.memory is not None else None, options is not None,
+                       plan.get("memory_limit_bytes"))

@@ -1,0 +1,180 @@
+"""The profile page (megatron-profile-page; patches/page/) of a saved report, opened from disk in headless Chromium:
+no console error, no network request, every part there; its what-if equal to the planner's for random choices,
+typed in as a person would and computed by its script; an older report still gets a page saying what it lacks;
+bad input one line and exit 2. A launched run's page: tests/test_profile_page_run.py."""
+import copy
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from patches.cli import plan_partition, profile_page
+from patches.page import write_profile_page
+from patches.page.content import page_content
+from patches.partition.report_plan import PlanRequest, plan_of, recompute_what_if
+from tests.helpers.browser import browser, opened
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "fork.report.json"
+SECTIONS = ["summary", "read-first", "stages", "memory", "layers", "what-if", "printed"]
+CHOICES = 40
+
+
+@pytest.fixture(scope="module")
+def report():
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with browser() as instance:
+        yield instance
+
+
+@pytest.fixture(scope="module")
+def page_file(tmp_path_factory, report):
+    path = tmp_path_factory.mktemp("page") / "flops_profile_step2.json"
+    path.write_text(json.dumps(report))
+    assert profile_page.main([str(path)]) == 0
+    return path.with_suffix(".html")
+
+
+def random_choices(report, count, seed=0):
+    """(parts, recompute counts) over the report's layers and stages, every stage non-empty."""
+    layers, stages = len(report["layers"]), report["parallelism"]["pipeline_parallel_size"]
+    chooser = random.Random(seed)
+    choices = []
+    for _ in range(count):
+        parts = [0] + sorted(chooser.sample(range(1, layers), stages - 1)) + [layers]
+        choices.append((parts, [chooser.randint(0, 4) for _ in range(stages)]))
+    return choices
+
+
+def test_the_page_opens_offline_with_every_part(chromium, page_file):
+    with opened(chromium, page_file) as opened_page:
+        page = opened_page.page
+        assert opened_page.console_errors == []
+        assert opened_page.requests == []
+        drawn = page.eval_on_selector_all("article section", "nodes => nodes.map(n => n.className)")
+        # the golden report's trace is not beside it: no timeline, and the page says so
+        assert drawn == SECTIONS
+        assert "missing: timeline: no pipeline_trace_stepN.json beside the report" in page.inner_text(
+            "section.read-first")
+        assert page.eval_on_selector_all("section.memory .js-plotly-plot", "nodes => nodes.length") == 1
+        rows = page.eval_on_selector_all("section.layers tbody tr", "rows => rows.length")
+        assert rows == len(json.loads(GOLDEN.read_text())["layers"])
+    html = page_file.read_text()
+    assert "<script src" not in html and "<link" not in html  # everything inside the file
+
+
+def test_the_what_if_is_the_planners_on_random_choices(chromium, page_file, report):
+    choices = random_choices(report, CHOICES)
+    with opened(chromium, page_file) as opened_page:
+        computed = opened_page.page.evaluate(
+            """choices => { const p = window.profilePage, model = p.pages[0].what_if;
+                 return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
+                                                          p.predictWhatIf(model, parts, counts)]); }""", choices)
+    for (parts, counts), (plain, recomputed) in zip(choices, computed):
+        planned = plan_of(report, PlanRequest(parts=parts))
+        assert plain["stage_s"] == planned["stage_s"]  # the same floating-point figures, not just close
+        assert plain["predicted_iter_s"] == planned["predicted_iter_s"]
+        assert plain["predicted_peak_bytes"] == planned["predicted_peak_bytes"]
+        what_if = recompute_what_if(report, parts, counts)
+        assert recomputed["stage_s"] == what_if["stage_s"]
+        assert recomputed["predicted_iter_s"] == what_if["predicted_iter_s"]
+        assert recomputed["predicted_change"] == what_if["predicted_change"]
+        assert recomputed["predicted_peak_bytes"] == what_if["predicted_peak_bytes"]
+
+
+def test_typed_in_the_page_prints_what_the_command_prints(chromium, page_file, report, capsys):
+    """A person types boundaries, recompute counts and a limit; the page's lines are megatron-plan-partition's."""
+    with opened(chromium, page_file) as opened_page:
+        page = opened_page.page
+        for parts, counts in random_choices(report, 4, seed=1):
+            limit_mb = "0.45"
+            page.fill("section.what-if input.limit", limit_mb)
+            for boundary, value in enumerate(parts[1:-1], start=1):
+                page.fill(f"section.what-if input.boundary[data-boundary='{boundary}']", str(value))
+            for stage, count in enumerate(counts):
+                page.fill(f"section.what-if input.recompute[data-stage='{stage}']", str(count))
+            shown = page.inner_text("section.what-if pre.what-if-lines").splitlines()
+            assert plan_partition.main([str(GOLDEN), "--parts", ",".join(map(str, parts)), "--recompute",
+                                        ",".join(map(str, counts)), "--memory-limit", f"{limit_mb}MB"]) == 0
+            printed = capsys.readouterr().out.splitlines()
+            assert shown[0] == f"parts [{', '.join(map(str, parts))}], recompute {','.join(map(str, counts))}"
+            assert shown[1:3] == printed[:2]  # stage loads and peaks, as printed
+            assert printed[2].endswith(shown[3])  # the iteration, and the limit
+        assert opened_page.console_errors == []
+
+
+def test_a_report_without_layers_or_memory_still_gets_a_page(chromium, report, tmp_path):
+    older = copy.deepcopy(report)
+    for key in ("layers", "partition_plan"):
+        older.pop(key)
+    for stage in older["stages"]:
+        stage.pop("memory")
+    path = tmp_path / "flops_profile_step2.json"
+    path.write_text(json.dumps(older))
+    assert profile_page.main([str(path), "-o", str(tmp_path / "older.html")]) == 0
+    with opened(chromium, tmp_path / "older.html") as opened_page:
+        assert opened_page.console_errors == [] and opened_page.requests == []
+        missing = opened_page.page.inner_text("section.read-first")
+        assert "missing: layer table: none in this report" in missing
+        assert "missing: memory: this report has no stage memory measured" in missing
+        drawn = opened_page.page.eval_on_selector_all("article section", "nodes => nodes.map(n => n.className)")
+        assert drawn == ["summary", "read-first", "stages", "printed"]
+
+
+def test_two_reports_side_by_side(chromium, page_file, tmp_path):
+    out = tmp_path / "both.html"
+    report = page_file.with_suffix(".json")
+    assert profile_page.main([str(report), str(GOLDEN), "-o", str(out)]) == 0
+    with opened(chromium, out) as opened_page:
+        assert opened_page.console_errors == [] and opened_page.requests == []
+        assert opened_page.page.eval_on_selector_all("article", "nodes => nodes.length") == 2
+        header = opened_page.page.eval_on_selector_all("section.comparison th",
+                                                       "cells => cells.map(c => c.textContent)")
+        assert header == ["", str(report), str(GOLDEN)]
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[1, 2]", "is not a profile report of this profiler (no parallelism, totals, stages, step)"),
+    ("{not json", "is not JSON"),
+    ('{"traceEvents": []}', "is not a profile report of this profiler"),
+])
+def test_a_file_that_is_not_a_report_is_one_line_and_exit_2(tmp_path, capsys, content, says):
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    assert profile_page.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and err.count("\n") == 1
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_a_missing_report_or_trace_is_one_line_and_exit_2(tmp_path, capsys):
+    assert profile_page.main([str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err == f"error: the profile report {tmp_path / 'none.json'} cannot be read: No such " \
+                                      "file or directory\n"
+    assert profile_page.main([str(GOLDEN), "--trace", str(tmp_path / "t.json"), "-o", str(tmp_path / "p.html")]) == 2
+    assert capsys.readouterr().err == f"error: --trace {tmp_path / 't.json'}: no such file\n"
+
+
+def test_without_plotly_one_line_says_how_to_get_the_page(report, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "plotly.offline", None)  # an import of it fails
+    assert profile_page.main([str(GOLDEN), "-o", str(tmp_path / "p.html")]) == 2
+    assert capsys.readouterr().err == "error: the profile page needs plotly: pip install plotly (the 'page' extra)\n"
+    # a profiled run: one line, the run goes on
+    problem = write_profile_page(report, None, str(tmp_path / "p.html"), "p.html")
+    assert problem == f"{tmp_path / 'p.html'} not written: the profile page needs plotly: pip install plotly " \
+                      "(the 'page' extra)"
+
+
+def test_the_page_content_is_the_reports(report):
+    content = page_content(report, None, "t")
+    assert content.summary.iteration_s == report["totals"]["throughput_iter_s"]
+    assert [m.predicted_peak_bytes for m in content.memory] == \
+        [s["memory"]["predicted_peak_bytes"] for s in report["stages"]]
+    for stage, memory in zip(report["stages"], content.memory):  # the parts add up to the predicted peak
+        assert sum(memory.parts.values()) == stage["memory"]["predicted_peak_bytes"]
+        assert memory.measured_peak_bytes == stage["memory"]["measured_peak_bytes"]
+    assert content.what_if["current_parts"] == report["partition_plan"]["current_parts"]
