@@ -16,6 +16,7 @@ On pp 2 and tp 2 x pp 2 with activation checkpointing, over gloo with the deepsp
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -143,6 +144,11 @@ def hand_count(tp, s=SEQ):
     return {"params": params, "fwd_flops": fwd, "bwd_flops": 2 * fwd, "recompute_flops": LAYERS * layer_fwd}
 
 
+def has_plotly():
+    """Whether upstream's environment has plotly, which the profile page needs."""
+    return subprocess.run([UPSTREAM_PYTHON, "-c", "import plotly"], capture_output=True).returncode == 0
+
+
 def report_totals(report):
     return {key: report["totals"][key] for key in ("params", "fwd_flops", "bwd_flops", "recompute_flops")}
 
@@ -168,6 +174,13 @@ def test_module_launch_profiles_upstream_exactly_and_changes_nothing(workdir, pp
            f"counted in iteration {PROFILE_STEP - 1}; report files in {out}" in output
     report = json.loads((out / f"flops_profile_step{PROFILE_STEP}.json").read_text())
     assert (out / f"pipeline_trace_step{PROFILE_STEP}.json").exists()
+    page = out / f"flops_profile_step{PROFILE_STEP}.html"
+    if has_plotly():  # the page is an extra: without plotly in upstream's environment, one line says how to get it
+        assert page.exists()
+    else:
+        assert not page.exists() and output.count(f"warning: the profile page {page} not written: the profile page "
+                                                  "needs plotly: pip install plotly (the 'page' extra); training "
+                                                  "goes on") == 1
     assert report["parallelism"]["pipeline_parallel_size"] == pp
     assert report["parallelism"]["tensor_parallel_size"] == tp
     assert report_totals(report) == hand_count(tp)
