@@ -61,8 +61,11 @@ def test_the_page_opens_offline_with_every_part(chromium, page_file):
         assert "missing: timeline: no pipeline_trace_stepN.json beside the report" in page.inner_text(
             "section.read-first")
         assert page.eval_on_selector_all("section.memory .js-plotly-plot", "nodes => nodes.length") == 1
-        rows = page.eval_on_selector_all("section.layers tbody tr", "rows => rows.length")
-        assert rows == len(json.loads(GOLDEN.read_text())["layers"])
+        layers = json.loads(GOLDEN.read_text())["layers"]
+        assert page.eval_on_selector_all("section.layers tbody tr", "rows => rows.length") == len(layers)
+        page.click("section.layers th:text-is('bwd')")  # sorted by backward time, the largest first
+        first = page.eval_on_selector_all("section.layers tbody tr", "rows => rows.map(r => r.cells[0].textContent)")
+        assert first == [str(row["index"]) for row in sorted(layers, key=lambda row: -row["bwd_latency_s"])]
     html = page_file.read_text()
     assert "<script src" not in html and "<link" not in html  # everything inside the file
 
