@@ -142,7 +142,7 @@ def test_two_reports_side_by_side(chromium, page_file, tmp_path):
 
 @pytest.mark.parametrize("content, says", [
     ("[1, 2]", "is not a profile report of this profiler (no parallelism, totals, stages, step)"),
-    ("{not json", "is not JSON"),
+    ("{not json", "is not the profiler's JSON"),
     ('{"traceEvents": []}', "is not a profile report of this profiler"),
 ])
 def test_a_file_that_is_not_a_report_is_one_line_and_exit_2(tmp_path, capsys, content, says):

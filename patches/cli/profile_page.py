@@ -8,7 +8,6 @@ the first report. Default output: the first report's name with .html (flops_prof
 Needs plotly (pip install plotly; the 'page' extra).
 """
 import argparse
-import json
 import os
 import re
 import sys
@@ -16,6 +15,7 @@ from typing import List, Optional
 
 from patches.page.content import page_content
 from patches.page.render import PageUnavailable, render_page
+from patches.partition.report_file import read_json
 from patches.process.errors import PatchConfigError
 
 _REQUIRED = ("parallelism", "totals", "stages", "step")
@@ -29,19 +29,9 @@ def trace_beside(report_path: str) -> str:
     return os.path.join(directory, f"pipeline_trace_step{step}.json")
 
 
-def read_json(path: str, what: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as error:
-        raise PatchConfigError(f"{what} {path} cannot be read: {error.strerror}") from None
-    except ValueError as error:
-        raise PatchConfigError(f"{what} {path} is not JSON: {error}") from None
-
-
 def read_profile(path: str) -> dict:
     """A profile report, checked for what every page shows; PatchConfigError, one line, for anything else."""
-    report = read_json(path, "the profile report")
+    report = read_json(path)
     lacking = [key for key in _REQUIRED if not isinstance(report, dict) or key not in report]
     if lacking:
         raise PatchConfigError(f"{path} is not a profile report of this profiler (no {', '.join(lacking)}): give a "

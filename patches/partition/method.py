@@ -31,7 +31,8 @@ from patches.formats.units import parse_size
 from patches.partition.layers import layer_types
 from patches.partition.plan_lines import no_fit_line
 from patches.partition.recompute import recompute_layers
-from patches.partition.report_plan import PlanRequest, plan_of, read_report
+from patches.partition.report_file import read_report
+from patches.partition.report_plan import PlanRequest, plan_of
 from patches.process import store
 from patches.process.errors import PatchConfigError
 from patches.process.registry import REGISTRY

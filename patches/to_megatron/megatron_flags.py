@@ -77,7 +77,7 @@ def check_profiler_flags(args: Namespace) -> None:
     report = getattr(args, "pp_partition_from_profile", None)
     if report is not None:
         from patches.partition.memory_model import memory_terms_of
-        from patches.partition.report_plan import read_report
+        from patches.partition.report_file import read_report
 
         content = read_report(report)
         if not content.get("layers"):
