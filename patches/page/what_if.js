@@ -17,7 +17,9 @@ function floorDiv(a, b) {  // Python's // on integers, exact (BigInt) and roundi
 function stagePeak(stateBytes, layerActivationBytes, position, recomputeTransientBytes) {  // memory_model.stage_peak
   const activation = layerActivationBytes + position.outside_layers_bytes;
   const held = position.base_bytes + stateBytes;
-  const transient = Math.max(position.compute_transient_bytes, recomputeTransientBytes);
+  const transient = position.holds_the_loss
+    ? Math.max(position.compute_transient_bytes, recomputeTransientBytes)
+    : position.compute_transient_bytes + Math.max(0, recomputeTransientBytes - position.recomputed_transient_bytes);
   const compute = held + position.in_flight_micro_batches * activation + transient;
   let scaled = position.step_transient_bytes - position.fixed_buffer_bytes;
   if (position.step_state_bytes) scaled = floorDiv(BigInt(scaled) * BigInt(stateBytes), position.step_state_bytes);

@@ -9,7 +9,11 @@ What stays with a stage position (stages[s].memory):
   outside_layers_bytes     what a micro-batch in flight holds besides its layers' activations (its input and output
                            buffers, the loss)
   in_flight_micro_batches  the schedule's, as it ran (DeepSpeed's 1F1B: min(pp - s, micro-batches))
-  compute_transient_bytes  the largest rise of a forward or backward above its ends (the head's logits)
+  compute_transient_bytes  the largest rise of a forward or backward above its ends (the head's logits; where the
+                           run recomputed a layer there, its activations, recreated inside a backward, with it)
+  recomputed_transient_bytes  of that, the largest layer the run recomputed there, its activations whole (0: none)
+  holds_the_loss           the last position: its transient is the head's and the loss's, over before any layer's
+                           backward (and recompute) begins
   step_transient_bytes     the optimizer step's, with the state it was measured with: it scales with the state
                            (the optimizer's temporaries follow what it updates), but for
   fixed_buffer_bytes       the part of it in buffers of a fixed size (ZeRO's reduction buckets, reduce_bucket_size
@@ -24,7 +28,7 @@ the last keep theirs, the stages between take the run's second stage's (or the f
 the micro-batches in flight are DeepSpeed's 1F1B's, min(pp - s, micro-batches): another schedule's in another
 layout is not known, and is refused.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 ONE_F_ONE_B = "TrainSchedule"  # DeepSpeed's schedule class, as the report names it
@@ -48,6 +52,8 @@ class PositionMemory:
     step_transient_bytes: int
     step_state_bytes: int  # the stage's state when its step transient was measured
     fixed_buffer_bytes: int = 0  # of the step transient: not scaled with the state
+    recomputed_transient_bytes: int = 0  # of the compute transient: the largest layer recomputed here, kept whole
+    holds_the_loss: bool = False  # the last position (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,20 @@ class StagePeak:
 def stage_peak(state_bytes: int, layer_activation_bytes: int, position: PositionMemory,
                recompute_transient_bytes: int = 0) -> StagePeak:
     """The peak of a stage at `position` holding layers of these totals. recompute_transient_bytes: what a recomputed
-    layer's activations take while its backward runs (the largest of its recomputed layers' kept whole), where the
-    stage's measured compute transient does not already reach it."""
+    layer's activations take while its backward runs (the largest of its recomputed layers' kept whole). They come on
+    top of the backward's own rise (measured: a layer recomputed on a stage that ran without recompute raised its
+    transient by that layer's activations, 1.31 to 5.53 MB with a 4.21 MB layer), so they add to the measured
+    transient, less what the run's own recompute there already put in it (recomputed_transient_bytes): a choice that
+    recomputes less than the run keeps the measured transient, which may then be high, never low. On the stage that
+    holds the loss the measured transient is the head's (its logits), over before the layers' backward begins: there
+    the larger of the two counts (measured on pp 4's last stage: every layer recomputed, its peak as without)."""
     activation = layer_activation_bytes + position.outside_layers_bytes
     held = position.base_bytes + state_bytes
-    transient = max(position.compute_transient_bytes, recompute_transient_bytes)
+    if position.holds_the_loss:
+        transient = max(position.compute_transient_bytes, recompute_transient_bytes)
+    else:
+        transient = position.compute_transient_bytes + max(0, recompute_transient_bytes
+                                                           - position.recomputed_transient_bytes)
     compute = held + position.in_flight_micro_batches * activation + transient
     scaled = position.step_transient_bytes - position.fixed_buffer_bytes
     if position.step_state_bytes:
@@ -107,10 +122,7 @@ def positions_for(positions: Sequence[PositionMemory], stages: int, micro_batche
     else:
         middle = positions[1] if len(positions) > 2 else positions[0]
         chosen = [positions[0]] + [middle] * (stages - 2) + [positions[-1]]
-    return [PositionMemory(p.base_bytes, p.outside_layers_bytes, min(stages - s, micro_batches),
-                           p.compute_transient_bytes, p.step_transient_bytes, p.step_state_bytes,
-                           p.fixed_buffer_bytes)
-            for s, p in enumerate(chosen)]
+    return [replace(p, in_flight_micro_batches=min(stages - s, micro_batches)) for s, p in enumerate(chosen)]
 
 
 # ---------------------------------------------------------------- a report's terms

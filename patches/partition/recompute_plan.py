@@ -4,7 +4,8 @@ per stage, the first K_s of its recomputable layers (partition/recompute.py runs
 A stage's time is its layers' forward and backward plus each recomputed layer's recompute (its measured recompute,
 or its forward where it did not recompute in the run), plus its position's overhead. Its peak is memory_model's with
 each recomputed layer keeping its checkpoint (its input) instead of its activations whole, times the micro-batches
-in flight, and the largest recomputed layer's activations alive while its backward runs. Recomputing one more
+in flight, and the largest recomputed layer's activations alive while its backward runs, on top of the
+backward's own rise (memory_model.stage_peak). Recomputing one more
 layer never makes a stage faster, so each stage's best choice is the fewest layers that bring its peak within the
 limit, found on its own for every stage position and layer range; the partition is then the one
 whose stage times, sorted from the largest, are the smallest (planner.cheapest_parts). With no limit, nothing

@@ -2,7 +2,7 @@
 memory terms allow (memory_model.py), as the report's `partition_plan` and megatron-plan-partition print it; and the
 report read from a file, checked for what planning reads.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
 from patches.formats.units import bytes_to_string
@@ -190,10 +190,17 @@ def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: 
 
 def recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,
                        schedule: Optional[str], scale: float) -> Optional[StageOptions]:
+    """Every stage's recompute choices for `pp` stages from a report's layer table and memory terms (each position
+    told the largest layer the run recomputed there: its transient holds it already); None where the report lacks
+    each layer's bytes both ways, or cannot say for `pp` stages."""
     if memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
         return None
+    ran = [replace(position, recomputed_transient_bytes=max(
+        (row["kept_whole_bytes"] for row in layers if row["stage"] == stage and row["recompute_flops"]), default=0))
+        for stage, position in enumerate(memory[1])]
     try:
-        positions = positions_for(memory[1], pp, micro_batches, schedule)
+        positions = positions_for(ran, pp, micro_batches, schedule)
+        positions[-1] = replace(positions[-1], holds_the_loss=True)
     except ValueError:
         return None
     rows = sorted(layers, key=lambda row: row["index"])

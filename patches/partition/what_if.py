@@ -5,7 +5,7 @@ partition's (and each stage's recompute's) time and peaks are a few sums and the
     stage_s[s]   = its layers' seconds + its position's overhead (+ each recomputed layer's recompute_s)
     iteration    = model(stage_s) + measured_iter_s - model(the stages as they ran)
     model(t)     = sum(t / m) + (m - 1) * max(t / m)                                          (planner.model_iter_s)
-    peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, transient])
+    peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, recompute transient])
 
 Without recompute terms, a layer costs `seconds` and keeps `activation_bytes` (as it ran: planner.predict and
 report_plan.peak_of); with them, it costs `base_s` plus `recompute_s` where recomputed, and keeps `whole_bytes`, or
@@ -80,5 +80,13 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
     return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(ran, run.micro_batches),
                        list(run.parts), overheads, layers,
-                       list(run.memory[1]) if run.memory is not None else None, options is not None,
+                       _positions(run, options), options is not None,
                        plan.get("memory_limit_bytes"))
+
+
+def _positions(run: MeasuredRun, options) -> Optional[List[PositionMemory]]:
+    """Each position's memory terms; with recompute terms, as the recompute choices read them (each told the largest
+    layer the run recomputed there), which the plain prediction reads alike (it recomputes nothing new)."""
+    if options is not None:
+        return list(options.positions)
+    return list(run.memory[1]) if run.memory is not None else None
