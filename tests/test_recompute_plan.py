@@ -17,7 +17,11 @@ def _peak_and_seconds(layers, positions, overheads, parts, counts):
         held = layers[first:stop]
         chosen = [layer for layer in held if layer.recomputable][:counts[stage]]
         activation = sum(layer.checkpoint_bytes if layer in chosen else layer.whole_bytes for layer in held)
-        transient = max((layer.whole_bytes for layer in chosen), default=0)
+        # the recompute's rise: the largest recomputed layer kept whole, less what the layers after the last
+        # recomputed one kept (freed by the time its backward runs)
+        after = held[held.index(chosen[-1]) + 1:] if chosen else []
+        transient = max(0, max(layer.whole_bytes for layer in chosen) - sum(layer.whole_bytes for layer in after)) \
+            if chosen else 0
         peaks.append(stage_peak(sum(layer.state_bytes for layer in held), activation, positions[stage],
                                 transient).predicted_peak_bytes)
         seconds.append(sum(layer.seconds for layer in held) + sum(layer.recompute_s for layer in chosen)

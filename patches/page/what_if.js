@@ -19,7 +19,7 @@ function stagePeak(stateBytes, layerActivationBytes, position, recomputeTransien
   const held = position.base_bytes + stateBytes;
   const transient = position.holds_the_loss
     ? Math.max(position.compute_transient_bytes, recomputeTransientBytes)
-    : position.compute_transient_bytes + Math.max(0, recomputeTransientBytes - position.recomputed_transient_bytes);
+    : Math.max(0, position.compute_transient_bytes - position.recomputed_transient_bytes) + recomputeTransientBytes;
   const compute = held + position.in_flight_micro_batches * activation + transient;
   let scaled = position.step_transient_bytes - position.fixed_buffer_bytes;
   if (position.step_state_bytes) scaled = floorDiv(BigInt(scaled) * BigInt(stateBytes), position.step_state_bytes);
@@ -63,13 +63,17 @@ function predictWhatIf(model, parts, counts) {
       let largest = 0;
       for (let i = start; i < start + k; i++) largest = Math.max(largest, chosen[i].whole_bytes);
       stageS.push(base[stop] - base[first] + overhead + recomputeS[start + k] - recomputeS[start]);
-      if (positions) {
+      if (positions) {  // StageOptions._choice and _rise
         const activation = whole[stop] - whole[first] - (saved[start + k] - saved[start]);
-        peaks.push(stagePeak(state[stop] - state[first], activation, positions[s], largest));
+        const rise = k ? Math.max(0, largest - (whole[stop] - whole[recomputable[start + k - 1] + 1])) : 0;
+        peaks.push(stagePeak(state[stop] - state[first], activation, positions[s], rise));
       }
     } else {  // planner.predict's loads; report_plan.peak_of
       stageS.push(directSum(layers.slice(first, stop).map((layer) => layer.seconds)) + overhead);
-      if (positions) peaks.push(stagePeak(state[stop] - state[first], kept[stop] - kept[first], positions[s], 0));
+      if (positions) {  // as it ran: the measured transient (report_plan.peak_of reads no recompute terms)
+        const asRan = Object.assign({}, positions[s], {recomputed_transient_bytes: 0});
+        peaks.push(stagePeak(state[stop] - state[first], kept[stop] - kept[first], asRan, 0));
+      }
     }
   }
   const modelled = modelIterS(stageS, micro);

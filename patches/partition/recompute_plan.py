@@ -58,7 +58,7 @@ class RecomputePlan:
 
 class StageOptions:
     """Every stage's choice for every position and layer range (see the module docstring), each found in a few
-    steps: sums over ranges by prefix sums, and the largest recomputed layer by the next larger one."""
+    steps: sums over ranges by prefix sums."""
 
     def __init__(self, layers: Sequence[RecomputableLayer], positions: Sequence[PositionMemory],
                  overheads: Sequence[float]):
@@ -72,7 +72,6 @@ class StageOptions:
         chosen = [self.layers[place] for place in self._recomputable]
         self._saved = _prefix(max(0, layer.whole_bytes - layer.checkpoint_bytes) for layer in chosen)
         self._recompute_s = _prefix(layer.recompute_s for layer in chosen)
-        self._larger_next = _next_larger([layer.whole_bytes for layer in chosen])
 
     def _span(self, first: int, stop: int) -> Tuple[int, int]:
         """The recomputable layers among first .. stop - 1, as a range of self._recomputable."""
@@ -88,10 +87,26 @@ class StageOptions:
 
     def _choice(self, stage: int, first: int, stop: int, start: int, recomputed: int, largest: int) -> StageChoice:
         activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
-        peak = stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage], largest)
+        peak = stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage],
+                          self._rise(stop, start, recomputed, largest))
         seconds = (self._seconds[stop] - self._seconds[first] + self.overheads[stage]
                    + self._recompute_s[start + recomputed] - self._recompute_s[start])
         return StageChoice(first, stop, recomputed, seconds, peak.predicted_peak_bytes)
+
+    def _rise(self, stop: int, start: int, recomputed: int, largest: int) -> int:
+        """What the recompute adds to the backward's rise: the largest recomputed layer's activations whole, less
+        what the layers after the recomputed ones kept (the backward has passed them, and freed it, by then)."""
+        if not recomputed:
+            return 0
+        after_last = self._recomputable[start + recomputed - 1] + 1
+        return max(0, largest - (self._whole[stop] - self._whole[after_last]))
+
+    def _bound(self, stage: int, first: int, stop: int, start: int, recomputed: int) -> int:
+        """The peak without the recompute's own rise: at most the choice's, and falling as more layers recompute
+        (each keeps less)."""
+        activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
+        return stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage],
+                          0).predicted_peak_bytes
 
     def recomputable(self, first: int, stop: int) -> int:
         start, end = self._span(first, stop)
@@ -99,25 +114,29 @@ class StageOptions:
 
     def fewest_within(self, stage: int, first: int, stop: int, limit: Optional[int]) -> Optional[StageChoice]:
         """The choice recomputing the fewest layers whose peak is within `limit` (None: nothing recomputes), or None
-        where no choice is. Between two larger recomputed layers the transient is the same and the peak falls as
-        more recompute: each such run of K is searched by halves, in order."""
+        where no choice is. The peak less the recompute's own rise falls as more layers recompute, so the fewest
+        that bring it within the limit are found by halves; from there on, each count in order (the rise grows as
+        fewer layers after the recomputed ones are freed: the peak need not fall), most often the first."""
         start, end = self._span(first, stop)
         nothing = self._choice(stage, first, stop, start, 0, 0)
         if limit is None or nothing.peak_bytes <= limit:
             return nothing
-        place = start
-        while place < end:  # recomputing the layers up to place .. run_end - 1: the largest is place's
-            run_end, largest = min(self._larger_next[place], end), self.layers[self._recomputable[place]].whole_bytes
-            low, high = place - start + 1, run_end - start
-            if self._choice(stage, first, stop, start, high, largest).peak_bytes <= limit:
-                while low < high:
-                    middle = (low + high) // 2
-                    if self._choice(stage, first, stop, start, middle, largest).peak_bytes <= limit:
-                        high = middle
-                    else:
-                        low = middle + 1
-                return self._choice(stage, first, stop, start, low, largest)
-            place = run_end
+        low, high = 1, end - start
+        if high < 1 or self._bound(stage, first, stop, start, high) > limit:
+            return None
+        while low < high:
+            middle = (low + high) // 2
+            if self._bound(stage, first, stop, start, middle) <= limit:
+                high = middle
+            else:
+                low = middle + 1
+        largest = max(self.layers[place].whole_bytes for place in self._recomputable[start:start + low - 1]) \
+            if low > 1 else 0
+        for recomputed in range(low, end - start + 1):
+            largest = max(largest, self.layers[self._recomputable[start + recomputed - 1]].whole_bytes)
+            choice = self._choice(stage, first, stop, start, recomputed, largest)
+            if choice.peak_bytes <= limit:
+                return choice
         return None
 
 
@@ -144,16 +163,6 @@ def plan_recompute(layers: Sequence[RecomputableLayer], positions: Sequence[Posi
     _, least = least_peak_parts(peak_all, count, stages)
     plan = plan_recompute(layers, positions, overheads, least)
     return RecomputePlan(plan.parts, plan.stages, least - limit)
-
-
-def _next_larger(values: Sequence[int]) -> List[int]:
-    """For each position, the next one holding a larger value (len(values) where none does)."""
-    larger, waiting = [len(values)] * len(values), []
-    for place, value in enumerate(values):
-        while waiting and values[waiting[-1]] < value:
-            larger[waiting.pop()] = place
-        waiting.append(place)
-    return larger
 
 
 def _prefix(values) -> List[float]:

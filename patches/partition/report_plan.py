@@ -195,9 +195,8 @@ def recompute_options(layers: List[dict], overheads: List[float], micro_batches:
     each layer's bytes both ways, or cannot say for `pp` stages."""
     if memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
         return None
-    ran = [replace(position, recomputed_transient_bytes=max(
-        (row["kept_whole_bytes"] for row in layers if row["stage"] == stage and row["recompute_flops"]), default=0))
-        for stage, position in enumerate(memory[1])]
+    ran = [replace(position, recomputed_transient_bytes=_run_recompute_rise(layers, stage))
+           for stage, position in enumerate(memory[1])]
     try:
         positions = positions_for(ran, pp, micro_batches, schedule)
         positions[-1] = replace(positions[-1], holds_the_loss=True)
@@ -210,6 +209,18 @@ def recompute_options(layers: List[dict], overheads: List[float], micro_batches:
                                row["kept_as_checkpoint_bytes"])
              for row, recomputable in zip(rows, recomputable_rows(rows))]
     return StageOptions(table, positions, overheads_for(overheads, pp))
+
+
+def _run_recompute_rise(layers: List[dict], stage: int) -> int:
+    """What the run's own recompute on `stage` added to its measured transient (StageOptions._rise, as it ran): the
+    largest layer it recomputed there, kept whole, less what the layers after the last recomputed one kept."""
+    held = [row for row in layers if row["stage"] == stage]
+    recomputed = [row for row in held if row["recompute_flops"]]
+    if not recomputed:
+        return 0
+    last = max(row["index"] for row in recomputed)
+    freed = sum(row["kept_whole_bytes"] for row in held if row["index"] > last)
+    return max(0, max(row["kept_whole_bytes"] for row in recomputed) - freed)
 
 
 def _recompute_dict(parts: List[int], stages: List[StageChoice], layers: List[dict], ran_parts: List[int],

@@ -1,0 +1,65 @@
+"""Every stage's peak of every launch a recompute proof kept, predicted again from its case's two starting runs by
+the memory model as it is now, against the peak that launch measured (torch's allocator): a change to the model
+is judged against launches already made, without launching again.
+
+    python bench/recompute_proof.py --rounds 3 --keep DIR ...      # once: the launches and their reports
+    python bench/recompute_peaks_again.py DIR
+
+For each case (the kept directories named CASE_start_none and CASE_start_all, the runs without and with every
+layer recomputed), each launch of its first round (and the starting runs themselves): the parts and the recompute
+per stage it ran (its report's current_parts and the layers' recompute FLOPs), each stage's peak predicted from
+each starting run (report_plan.recompute_what_if) against its own measured peak, as predicted / measured - 1.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from patches.partition.report_plan import recompute_what_if
+
+
+def report_in(directory: Path):
+    found = sorted(directory.glob("flops_profile_step*.json"))
+    return json.loads(found[0].read_text()) if found else None
+
+
+def what_ran(report):
+    parts = report["partition_plan"]["current_parts"]
+    counts = [sum(1 for row in report["layers"] if row["stage"] == s and row["recompute_flops"])
+              for s in range(len(parts) - 1)]
+    return parts, counts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kept", type=Path, help="the --keep directory of bench/recompute_proof.py")
+    args = parser.parse_args()
+    cases = sorted(path.name[:-len("_start_all")] for path in args.kept.glob("*_start_all"))
+    if not cases:
+        sys.exit(f"error: no CASE_start_all directory in {args.kept}: give bench/recompute_proof.py's --keep DIR")
+    errors = []
+    print("| case | launch | parts | recompute per stage | each stage's peak error, from the run without recompute "
+          "| from the run with every layer recomputed |\n|---|---|---|---|---|---|")
+    for case in cases:
+        starts = [report_in(args.kept / f"{case}_start_{kind}") for kind in ("none", "all")]
+        launches = sorted(args.kept.glob(f"{case}_*_round0")) + \
+            [args.kept / f"{case}_start_{kind}" for kind in ("none", "all")]
+        for directory in launches:
+            report = report_in(directory)
+            if report is None:
+                continue
+            parts, counts = what_ran(report)
+            measured = [stage["memory"]["measured_peak_bytes"] for stage in report["stages"]]
+            cells = []
+            for start in starts:
+                predicted = recompute_what_if(start, parts, counts)["predicted_peak_bytes"]
+                stage_errors = [p / m - 1 for p, m in zip(predicted, measured)]
+                errors += stage_errors
+                cells.append(" ".join(f"{error:+.1%}" for error in stage_errors))
+            name = directory.name[len(case) + 1:].removesuffix("_round0")
+            print(f"| {case} | {name} | {parts} | {','.join(map(str, counts))} | {cells[0]} | {cells[1]} |")
+    print(f"\n{len(errors)} stage peaks: from {min(errors):+.1%} to {max(errors):+.1%}")
+
+
+if __name__ == "__main__":
+    main()
