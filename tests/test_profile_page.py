@@ -39,6 +39,13 @@ def page_file(tmp_path_factory, report):
     return path.with_suffix(".html")
 
 
+@pytest.fixture(scope="module")
+def golden_page(chromium, page_file):
+    """The golden report's page, opened once for the tests that only read it or type into it (a load is ~1.5 s)."""
+    with opened(chromium, page_file) as opened_page:
+        yield opened_page
+
+
 def random_choices(report, count, seed=0):
     """(parts, recompute counts) over the report's layers and stages, every stage non-empty."""
     layers, stages = len(report["layers"]), report["parallelism"]["pipeline_parallel_size"]
@@ -50,33 +57,31 @@ def random_choices(report, count, seed=0):
     return choices
 
 
-def test_the_page_opens_offline_with_every_part(chromium, page_file):
-    with opened(chromium, page_file) as opened_page:
-        page = opened_page.page
-        assert opened_page.console_errors == []
-        assert opened_page.requests == []
-        drawn = page.eval_on_selector_all("article section", "nodes => nodes.map(n => n.className)")
-        # the golden report's trace is not beside it: no timeline, and the page says so
-        assert drawn == SECTIONS
-        assert "missing: timeline: no pipeline_trace_stepN.json beside the report" in page.inner_text(
-            "section.read-first")
-        assert page.eval_on_selector_all("section.memory .js-plotly-plot", "nodes => nodes.length") == 1
-        layers = json.loads(GOLDEN.read_text())["layers"]
-        assert page.eval_on_selector_all("section.layers tbody tr", "rows => rows.length") == len(layers)
-        page.click("section.layers th:text-is('bwd')")  # sorted by backward time, the largest first
-        first = page.eval_on_selector_all("section.layers tbody tr", "rows => rows.map(r => r.cells[0].textContent)")
-        assert first == [str(row["index"]) for row in sorted(layers, key=lambda row: -row["bwd_latency_s"])]
+def test_the_page_opens_offline_with_every_part(golden_page, page_file):
+    page = golden_page.page
+    assert golden_page.console_errors == []
+    assert golden_page.requests == []
+    drawn = page.eval_on_selector_all("article section", "nodes => nodes.map(n => n.className)")
+    # the golden report's trace is not beside it: no timeline, and the page says so
+    assert drawn == SECTIONS
+    assert "missing: timeline: no pipeline_trace_stepN.json beside the report" in page.inner_text(
+        "section.read-first")
+    assert page.eval_on_selector_all("section.memory .js-plotly-plot", "nodes => nodes.length") == 1
+    layers = json.loads(GOLDEN.read_text())["layers"]
+    assert page.eval_on_selector_all("section.layers tbody tr", "rows => rows.length") == len(layers)
+    page.click("section.layers th:text-is('bwd')")  # sorted by backward time, the largest first
+    first = page.eval_on_selector_all("section.layers tbody tr", "rows => rows.map(r => r.cells[0].textContent)")
+    assert first == [str(row["index"]) for row in sorted(layers, key=lambda row: -row["bwd_latency_s"])]
     html = page_file.read_text()
     assert "<script src" not in html and "<link" not in html  # everything inside the file
 
 
-def test_the_what_if_is_the_planners_on_random_choices(chromium, page_file, report):
+def test_the_what_if_is_the_planners_on_random_choices(golden_page, report):
     choices = random_choices(report, CHOICES)
-    with opened(chromium, page_file) as opened_page:
-        computed = opened_page.page.evaluate(
-            """choices => { const p = window.profilePage, model = p.pages[0].what_if;
-                 return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
-                                                          p.predictWhatIf(model, parts, counts)]); }""", choices)
+    computed = golden_page.page.evaluate(  # the page's own script, on the page as it loaded
+        """choices => { const p = window.profilePage, model = p.pages[0].what_if;
+             return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
+                                                      p.predictWhatIf(model, parts, counts)]); }""", choices)
     for (parts, counts), (plain, recomputed) in zip(choices, computed):
         planned = plan_of(report, PlanRequest(parts=parts))
         assert plain["stage_s"] == planned["stage_s"]  # the same floating-point figures, not just close
@@ -89,25 +94,24 @@ def test_the_what_if_is_the_planners_on_random_choices(chromium, page_file, repo
         assert recomputed["predicted_peak_bytes"] == what_if["predicted_peak_bytes"]
 
 
-def test_typed_in_the_page_prints_what_the_command_prints(chromium, page_file, report, capsys):
+def test_typed_in_the_page_prints_what_the_command_prints(golden_page, report, capsys):
     """A person types boundaries, recompute counts and a limit; the page's lines are megatron-plan-partition's."""
-    with opened(chromium, page_file) as opened_page:
-        page = opened_page.page
-        for parts, counts in random_choices(report, 4, seed=1):
-            limit_mb = "0.45"
-            page.fill("section.what-if input.limit", limit_mb)
-            for boundary, value in enumerate(parts[1:-1], start=1):
-                page.fill(f"section.what-if input.boundary[data-boundary='{boundary}']", str(value))
-            for stage, count in enumerate(counts):
-                page.fill(f"section.what-if input.recompute[data-stage='{stage}']", str(count))
-            shown = page.inner_text("section.what-if pre.what-if-lines").splitlines()
-            assert plan_partition.main([str(GOLDEN), "--parts", ",".join(map(str, parts)), "--recompute",
-                                        ",".join(map(str, counts)), "--memory-limit", f"{limit_mb}MB"]) == 0
-            printed = capsys.readouterr().out.splitlines()
-            assert shown[0] == f"parts [{', '.join(map(str, parts))}], recompute {','.join(map(str, counts))}"
-            assert shown[1:3] == printed[:2]  # stage loads and peaks, as printed
-            assert printed[2].endswith(shown[3])  # the iteration, and the limit
-        assert opened_page.console_errors == []
+    page = golden_page.page
+    for parts, counts in random_choices(report, 4, seed=1):
+        limit_mb = "0.45"
+        page.fill("section.what-if input.limit", limit_mb)
+        for boundary, value in enumerate(parts[1:-1], start=1):
+            page.fill(f"section.what-if input.boundary[data-boundary='{boundary}']", str(value))
+        for stage, count in enumerate(counts):
+            page.fill(f"section.what-if input.recompute[data-stage='{stage}']", str(count))
+        shown = page.inner_text("section.what-if pre.what-if-lines").splitlines()
+        assert plan_partition.main([str(GOLDEN), "--parts", ",".join(map(str, parts)), "--recompute",
+                                    ",".join(map(str, counts)), "--memory-limit", f"{limit_mb}MB"]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert shown[0] == f"parts [{', '.join(map(str, parts))}], recompute {','.join(map(str, counts))}"
+        assert shown[1:3] == printed[:2]  # stage loads and peaks, as printed
+        assert printed[2].endswith(shown[3])  # the iteration, and the limit
+    assert golden_page.console_errors == []
 
 
 def test_a_report_without_layers_or_memory_still_gets_a_page(chromium, report, tmp_path):
