@@ -1,6 +1,6 @@
 """A saved report's plan: the partition its measured layers ask for (planner.py), under a memory limit where its
-memory terms allow (memory_model.py), as the report's `partition_plan` and megatron-plan-partition print it; and the
-report read from a file, checked for what planning reads.
+memory terms allow (memory_model.py), as the report's `partition_plan` and megatron-plan-partition print it, with each
+stage's recompute chosen with it (recompute_plan.py). The report read from its file: report_file.py.
 """
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
