@@ -312,6 +312,15 @@ def over_the_bar(rows, limit):
     return lines
 
 
+def print_ending(title, flagged, start):
+    """Each flagged line under its count, then the run's wall time and the machine's load after it."""
+    print(f"\n{title}: " + ("none" if not flagged else f"{len(flagged)}"))
+    for line in flagged:
+        print(f"- {line}")
+    print(f"\n{time.perf_counter() - start:.0f} s in all")
+    print(f"after: {load()}")
+
+
 # ---------------------------------------------------------------- main
 def parse():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -383,11 +392,7 @@ def main():
     if limit is not None:
         print_limit(limit)
     flagged = over_the_bar([row for pp_rows in rows.values() for row in pp_rows], limit)
-    print(f"\nerrors over the {BAR:.0%} bar: " + ("none" if not flagged else f"{len(flagged)}"))
-    for line in flagged:
-        print(f"- {line}")
-    print(f"\n{time.perf_counter() - start:.0f} s in all")
-    print(f"after: {load()}")
+    print_ending(f"errors over the {BAR:.0%} bar", flagged, start)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from typing import List, Optional
 # A script: its own directory is on sys.path, so the siblings import by name.
 import partition_proof as proof
 import partition_speedup as speedup
-from harness import load, machine
+from harness import machine
 
 from patches.partition.report_plan import PlanRequest, plan_of, recomputable_rows, recompute_what_if
 
@@ -530,12 +530,7 @@ def main():
         for case in args.cases:
             name, pp = CASES[case]
             results.append(prove_case(name, pp, args, settings, Path(work)))
-    flagged = over_the_bar(results)
-    print(f"\nerrors over the {proof.BAR:.0%} bar, and peaks over L: " + ("none" if not flagged else f"{len(flagged)}"))
-    for line in flagged:
-        print(f"- {line}")
-    print(f"\n{time.perf_counter() - start:.0f} s in all")
-    print(f"after: {load()}")
+    proof.print_ending(f"errors over the {proof.BAR:.0%} bar, and peaks over L", over_the_bar(results), start)
 
 
 if __name__ == "__main__":

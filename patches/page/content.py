@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from patches.partition.what_if import what_if_model
-from patches.profiler.printer import format_report
+from patches.profiler.printer import format_report, warning_lines
 from patches.profiler.trace import INSTRUCTION_CATEGORY, module_category
 
 RECOMPUTE_SLICES = module_category("recompute")
@@ -198,12 +198,7 @@ def _timeline(trace: dict) -> Optional[Timeline]:
 
 def _read_first(report: dict) -> List[str]:
     """What the text report prints in its summary and a reader must not miss, one line each."""
-    lines = [f"uncounted op: {op['op']} x{op['calls']} ({op['phase']}): no FLOP formula, left out of the FLOPs"
-             for op in report.get("uncounted_ops") or ()]
-    lines += [f"attention not counted: {m['module']} ({m['type']}) x{m['calls']}: a kernel torch cannot see"
-              for m in report.get("invisible_attention") or ()]
-    lines += [f"not measured: {fault['part']} of stage {fault['stage_id']} (rank {fault['global_rank']}): "
-              f"failed in {fault['where']}: {fault['error']}" for fault in report.get("measurement_faults") or ()]
+    lines = warning_lines(report)
     perturbation = report.get("perturbation") or {}
     for key in ("recompute_note", "collection_note"):
         if report.get(key):

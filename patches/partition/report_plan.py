@@ -211,6 +211,12 @@ def recompute_options(layers: List[dict], overheads: List[float], micro_batches:
     return StageOptions(table, positions, overheads_for(overheads, pp))
 
 
+def ran_stage_s(layers: List[dict], overheads: List[float], scale: float, stages: int) -> List[float]:
+    """Each stage's load as it ran: its layers' measured seconds, scaled, and its overhead (scaled already)."""
+    return [sum(layer_seconds(row) * scale for row in layers if row["stage"] == s) + overheads[s]
+            for s in range(stages)]
+
+
 def _run_recompute_rise(layers: List[dict], stage: int) -> int:
     """What the run's own recompute on `stage` added to its measured transient (StageOptions._rise, as it ran): the
     largest layer it recomputed there, kept whole, less what the layers after the last recomputed one kept."""
@@ -228,8 +234,7 @@ def _recompute_dict(parts: List[int], stages: List[StageChoice], layers: List[di
                     excess: Optional[int]) -> dict:
     """recompute_plan's dict: its iteration predicted as the partition plan's (the model, plus what it leaves out of
     the measured iteration: that iteration minus the model of the stages as they ran)."""
-    ran = [sum(layer_seconds(row) * scale for row in layers if row["stage"] == s) + overheads[s]
-           for s in range(len(ran_parts) - 1)]
+    ran = ran_stage_s(layers, overheads, scale, len(ran_parts) - 1)
     stage_s = [stage.seconds for stage in stages]
     predicted = model_iter_s(stage_s, micro_batches) + iter_s - model_iter_s(ran, micro_batches)
     return {"parts": list(parts), "recompute_layers": [stage.recomputed for stage in stages], "stage_s": stage_s,

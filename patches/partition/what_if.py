@@ -20,7 +20,7 @@ from typing import List, Optional
 
 from patches.partition.memory_model import PositionMemory
 from patches.partition.planner import model_iter_s
-from patches.partition.report_plan import MeasuredRun, recompute_options
+from patches.partition.report_plan import MeasuredRun, ran_stage_s, recompute_options
 from patches.partition.table import layer_seconds
 
 
@@ -64,8 +64,7 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
     scale = run.basis.time_scale if run.basis is not None else 1.0
     rows = sorted(rows, key=lambda row: row["index"])
     overheads = [overhead * scale for overhead in run.overheads]
-    ran = [sum(layer_seconds(row) * scale for row in rows if row["stage"] == s) + overheads[s]
-           for s in range(len(run.parts) - 1)]
+    ran = ran_stage_s(rows, overheads, scale, len(run.parts) - 1)
     options = recompute_options(rows, overheads, run.micro_batches, len(run.parts) - 1, run.memory, run.schedule,
                                  scale)
     memory_rows = {layer.index: layer for layer in run.memory[0]} if run.memory is not None else {}

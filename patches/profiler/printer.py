@@ -75,6 +75,14 @@ def _fault_lines(report, line):
             for fault in report.get("measurement_faults") or ()]
 
 
+def warning_lines(report: dict) -> list:
+    """The summary's lines a reader must not miss (uncounted ops, attention not counted, parts not measured), each
+    'label: text': the profile page lists them as the printed report words them."""
+    def line(label, value):
+        return f"{label}: {value}"
+    return _uncounted_lines(report, line) + _invisible_attention_lines(report, line) + _fault_lines(report, line)
+
+
 def _perturbation_lines(report, line):
     """The profiled iteration, and the one that counted its FLOPs, against unprofiled ones of the same run: what
     profiling cost the run."""
