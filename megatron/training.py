@@ -21,7 +21,6 @@ from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.process.errors import PatchConfigError
 from patches.profiler.analytic_flops import gpt_run_description
-from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
 from patches.to_megatron.megatron_door import MegatronDoor
 
 
@@ -46,7 +45,6 @@ def _build_and_train(args, train_valid_test_dataset_provider, model_provider, fo
     model, optimizer, lr_scheduler = setup_model_and_optimizer(model_provider)
     args.iteration, args.consumed_train_samples, args.consumed_train_tokens = 0, 0, 0
     if args.load:
-        drop_optimizer_state_across_partitions(args.no_load_optim)
         try:
             args.iteration, args.consumed_train_samples, args.consumed_train_tokens = \
                 load_checkpoint(model[0], args.load, args)

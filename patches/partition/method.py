@@ -12,7 +12,7 @@ cuts them into this module's num_stages, contiguous, no stage empty, the slowest
 num_stages may differ from the profiled run's. One line on global rank 0 names the parts used. A report of
 another model (another number of layers, or other layer types) is refused with PatchConfigError, one line.
 Megatron runs name the report with --pp-partition-from-profile (megatron_flags.py), which cuts every
-PipelineModule of the run this way whatever partition_method its code passes (use_for_every_pipeline).
+PipelineModule of the run this way whatever partition_method its code passes (RunSettings.partition_report).
 Under a memory limit (memory_limit: --pp-partition-memory-limit, else $DS_PIPE_PARTITION_MEMORY_LIMIT, else the
 accelerator's memory; none on CPU) the plan is the fastest whose every stage's predicted peak is within it; where
 none is, global rank 0 warns in one line by how much the closest exceeds, and the run goes on with it.
@@ -91,17 +91,6 @@ def parts_for(module: PipelineModule, method) -> Optional[Cut]:
             print(f"warning: partition_method 'profile' ({report}): {no_fit_line(plan)}; training goes on with "
                   "them", flush=True)
     return cut
-
-
-def use_for_every_pipeline(report: Optional[str]) -> None:
-    """Cut every PipelineModule built from now on by this report, whatever its partition_method (None: stop)."""
-    REGISTRY.settings.partition_report = report
-
-
-def use_memory_limit(limit: Optional[int]) -> None:
-    """Plan every PipelineModule built from now on, and the reports' plans, under this per-stage memory limit in
-    bytes (--pp-partition-memory-limit; None: the environment's or the device's)."""
-    REGISTRY.settings.partition_memory_limit = limit
 
 
 def memory_limit() -> Tuple[Optional[int], Optional[str]]:

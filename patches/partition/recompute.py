@@ -31,14 +31,6 @@ def parse_recompute_layers(text: str, what: str = FLAG) -> Tuple[int, ...]:
     return counts
 
 
-def use_recompute_layers(counts: Optional[Sequence[int]]) -> None:
-    """Every PipelineModule built from now on: stage s recomputes the first counts[s] of its checkpointable layers
-    (None: as the module asks, by its activation_checkpoint_interval)."""
-    from patches.process.registry import REGISTRY  # not at import: megatron-plan-partition parses counts here
-
-    REGISTRY.settings.recompute_layers = tuple(counts) if counts is not None else None
-
-
 def recompute_layers() -> Tuple[Optional[Tuple[int, ...]], Optional[str]]:
     """(counts per stage, where they came from: the flag or $DS_PIPE_RECOMPUTE_LAYERS), or (None, None)."""
     from patches.process.registry import REGISTRY

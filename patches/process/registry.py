@@ -43,6 +43,11 @@ class Registry:
 REGISTRY = Registry()
 
 
+def use_for_this_run(settings: RunSettings) -> None:
+    """What the flags ask of every pipeline this process builds from now on (megatron_flags.take_profiler_flags)."""
+    REGISTRY.settings = settings
+
+
 def register_pipeline(engine: PipelineEngine) -> None:
     """Remember which engine `engine.module` belongs to (weakly)."""
     REGISTRY.engine_of_module[engine.module] = weakref.ref(engine)

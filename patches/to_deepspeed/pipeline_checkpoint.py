@@ -8,9 +8,9 @@ files) as the stage's flat list of parameters: loaded into a stage that holds ot
 Every pipeline checkpoint saved after patches.apply() records its parts (PARTS_KEY in the client state, a list
 of ints that a loader not knowing it leaves alone). Loading one under other parts:
 - with the optimizer state asked for: PatchConfigError, one line saying so and how to resume without it;
-- without it (load_optimizer_states=False or load_module_only=True, or Megatron's --no-load-optim, which
-  drop_optimizer_state_across_partitions() makes count here): all else loads as asked, the fp32 master weights
-  of a fp16/bf16/ZeRO optimizer are taken from the loaded weights (DeepSpeed refreshes them only for
+- without it (load_optimizer_states=False or load_module_only=True, or Megatron's --no-load-optim, which the
+  run's settings make count here, process/registry.py): all else loads as asked, the fp32 master weights of a
+  fp16/bf16/ZeRO optimizer are taken from the loaded weights (DeepSpeed refreshes them only for
   load_module_only), and one line on global rank 0 says the optimizer state starts afresh.
 A checkpoint without the record (saved without the patches), or of the same parts, loads as DeepSpeed loads it.
 """
@@ -77,13 +77,6 @@ def install():
         return load_path, client_state
 
     DeepSpeedEngine.save_checkpoint, DeepSpeedEngine.load_checkpoint = save_checkpoint, load_checkpoint
-
-
-def drop_optimizer_state_across_partitions(drop: bool) -> None:
-    """Megatron's --no-load-optim: from a checkpoint of other parts, load the weights without the optimizer state
-    (with DeepSpeed, upstream Megatron ignores the flag: the optimizer state is loaded; where it cannot be, this
-    is the flag's own meaning)."""
-    REGISTRY.settings.drop_optimizer_state_across_partitions = bool(drop)
 
 
 # DeepSpeedEngine.load_checkpoint's options after (load_dir, tag), in order

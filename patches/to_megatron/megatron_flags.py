@@ -122,15 +122,19 @@ def check_recompute_flag(args: Namespace) -> None:
     args.pp_recompute_layers = counts
 
 
-def take_profiler_flags(args: Namespace) -> None:
-    """check_profiler_flags, then set what the flags set for this process: the memory limit every plan is made
-    under (--pp-partition-memory-limit), the layers every pipeline stage recomputes (--pp-recompute-layers)."""
-    from patches.partition.method import use_memory_limit
-    from patches.partition.recompute import use_recompute_layers
+def take_profiler_flags(args: Namespace, partition_report: Optional[str] = None) -> None:
+    """check_profiler_flags, then set what the flags ask of every pipeline this process builds, in one place
+    (process/registry.py's RunSettings): the memory limit every plan is made under (--pp-partition-memory-limit),
+    the layers each stage recomputes (--pp-recompute-layers), Megatron's --no-load-optim across partitions, and
+    partition_report: the report that cuts every PipelineModule, whatever its partition_method (upstream's
+    --pp-partition-from-profile; our fork names it in the partition_method it builds with)."""
+    from patches.process.registry import RunSettings, use_for_this_run
 
     check_profiler_flags(args)
-    use_memory_limit(memory_limit_of(args))
-    use_recompute_layers(getattr(args, "pp_recompute_layers", None))
+    use_for_this_run(RunSettings(
+        partition_report=partition_report, partition_memory_limit=memory_limit_of(args),
+        drop_optimizer_state_across_partitions=bool(getattr(args, "no_load_optim", False)),
+        recompute_layers=getattr(args, "pp_recompute_layers", None)))
 
 
 def unwritable_directory(path: str) -> Optional[str]:

@@ -15,10 +15,11 @@ from patches.to_megatron.megatron_flags import (
 
 def check_upstream_profiler_flags(args: Namespace) -> None:
     """Raise PatchConfigError on a --profile-flops-step that could never run or report in upstream's run; else
-    take the flags (take_profiler_flags)."""
+    take the flags (take_profiler_flags), --pp-partition-from-profile cutting every pipeline (it overrides
+    GPTModelPipe's hard-coded partition_method)."""
     if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
-    take_profiler_flags(args)
+    take_profiler_flags(args, partition_report=args.pp_partition_from_profile)
 
 
 def block_recompute_on_the_pipeline(args: Namespace) -> None:
@@ -47,11 +48,6 @@ def parse_args_with_profiler_flags(original: Callable) -> Callable:
             check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
             exit_with_one_line(str(error))
-        from patches.partition.method import use_for_every_pipeline
-        from patches.to_deepspeed.pipeline_checkpoint import drop_optimizer_state_across_partitions
-
-        use_for_every_pipeline(parsed.pp_partition_from_profile)  # overrides GPTModelPipe's hard-coded method
-        drop_optimizer_state_across_partitions(getattr(parsed, "no_load_optim", False))
         return parsed
 
     return parse_args
