@@ -15,7 +15,7 @@ from patches.profiler.fail_safe import MEMORY, FaultLog, MeasurementFault
 from patches.profiler.held_state import alive_storages, held_state, read_storage, storage_key
 from patches.profiler.kept_activations import KeptActivations
 from patches.profiler.printer import format_report
-from patches.profiler.report import measurement_faults
+from patches.profiler.report_replica import measurement_faults
 from tests.helpers.flags import PP2, TINY_GPT
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch, read_losses, run_pretrain
 from tests.helpers.odd_tensors import compiled_with_fake_tensors, odd_tensors

@@ -15,8 +15,10 @@ from patches.profiler.context import IterationTiming
 from patches.profiler.engine_hooks import InstructionTimer
 from patches.profiler.gc_pauses import GcPauses, GcSummary
 from patches.profiler.module_profiler import ModuleProfiler
-from patches.profiler.printer import GC_LABEL, format_report
-from patches.profiler.report import build_report, plan_basis
+from patches.profiler.printed_stages import GC_LABEL
+from patches.profiler.printer import format_report
+from patches.profiler.report import build_report
+from patches.profiler.report_timing import plan_basis
 from tests.test_profiler_report import make_context, rank_entries
 
 

@@ -15,7 +15,8 @@ from patches.profiler.allocator_trace import (
 )
 from patches.profiler.held_state import held_state
 from patches.profiler.kept_activations import KeptActivations
-from patches.profiler.memory import allocator_terms, layer_param_numels, shares
+from patches.profiler.memory import layer_param_numels, shares
+from patches.profiler.memory_terms import allocator_terms
 
 FLOAT = 4  # bytes of an fp32 element
 ADAM_STEP = 4  # torch's Adam keeps each parameter's step count as an fp32 scalar tensor

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import patches.profiler
 from patches.profiler import flop_formulas
-from patches.profiler.flop_formulas import register_module_flops
+from patches.profiler.module_flops import register_module_flops
 from patches.profiler.module_profiler import ModuleProfiler
 
 B, S, H, HEADS, LAYERS, VOCAB = 2, 8, 16, 2, 2, 32
@@ -30,7 +30,7 @@ LAYER_FWD = LAYER_GEMM_FWD + ATTENTION_FWD
 LAYER_BWD = 2 * LAYER_GEMM_FWD + 10 * B * S * S * H
 FC2_FWD = 8 * B * S * H * H
 HEAD_FWD = 2 * B * S * H * VOCAB
-LAYER_NORM_OTHER = 7 * B * S * H  # flop_formulas.layer_norm_flops with an affine transform
+LAYER_NORM_OTHER = 7 * B * S * H  # module_flops.layer_norm_flops with an affine transform
 CHECKPOINT_MODES = [None, "torch_reentrant", "torch_non_reentrant", "deepspeed"]
 
 

@@ -7,18 +7,11 @@ import pytest
 from patches.partition.report_plan import Basis
 from patches.profiler.context import IterationTiming
 from patches.profiler.files import validate_report
-from patches.profiler.one_step import (
-    COUNT,
-    PROFILE,
-    TIME,
-    WINDOW,
-    Baseline,
-    IterationClock,
-    ProfileSchedule,
-    counting_announcement,
-)
+from patches.profiler.iteration_clock import WINDOW, Baseline, IterationClock
+from patches.profiler.one_step import COUNT, PROFILE, TIME, ProfileSchedule, counting_announcement
 from patches.profiler.printer import format_report
-from patches.profiler.report import build_report, plan_basis
+from patches.profiler.report import build_report
+from patches.profiler.report_timing import plan_basis
 from tests.test_profiler_report import DP, MICRO_BATCH_SIZE, MICRO_BATCHES, PP, SEQ, TP, make_context, rank_entries
 
 PEAK = 0.5

@@ -14,11 +14,12 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
+from patches.formats.units import duration_to_string
 from patches.process import clean_exit
 from patches.profiler.files import validate_report
 from patches.profiler.gather import measure_clock_offset
 from patches.profiler.module_profiler import ModuleProfiler
-from patches.profiler.printer import duration_to_string, format_report
+from patches.profiler.printer import format_report
 from patches.profiler.report import build_report
 from patches.profiler.trace import FLOW_CATEGORY, INSTRUCTION_CATEGORY, build_trace
 from tests.helpers.launch import free_port

@@ -1,8 +1,9 @@
 """A plan in words: the `partition:` line under the report's layer table and megatron-plan-partition's, what its
 times rest on, and where memory does not fit."""
-from typing import Optional
+from typing import List, Optional
 
 from patches.formats.units import bytes_to_string, duration_to_string
+from patches.partition.table import shared_on_one_stage
 
 
 def _as_ran(plan: dict) -> str:
@@ -37,6 +38,15 @@ def no_fit_line(plan: dict) -> str:
             f"{_limit(plan)}: the closest, parts {plan['parts']}, exceeds it by {plan['memory_excess_bytes']:,} bytes "
             f"({bytes_to_string(plan['memory_excess_bytes'])}) on stage {worst}, "
             f"{bytes_to_string(peaks[worst])} predicted")
+
+
+def under_the_layer_table(layers: List[dict], plan: Optional[dict]) -> List[str]:
+    """The lines under the report's layer table: the layers that ran one tied module on one stage (no partition
+    is planned from their split time), then the plan's `partition:` line where the report has a plan."""
+    lines = [f"  layers {' and '.join(str(i) for i in indices)} ran one tied module on one stage: its time and "
+             "FLOPs are split evenly between them here, and no partition is planned from them"
+             for indices in shared_on_one_stage(layers)]
+    return lines + (["  " + plan_line(plan)] if plan else [])
 
 
 def plan_line(plan: dict) -> str:

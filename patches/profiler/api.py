@@ -5,6 +5,7 @@ collective GatheredReports; DeepSpeed's own FlopsProfiler(model[0]) on a Pipelin
 engine.flops_profiler, with the store's PublishedReports (engine.flops_profiler of a plain engine:
 LocalReport). Whether a call is collective is the source's type.
 """
+import functools
 import sys
 from typing import Callable, Iterable, Optional, Union
 
@@ -15,7 +16,6 @@ from patches.profiler.files import write_json, write_trace
 from patches.profiler.layout import EngineLayout
 from patches.profiler.local_sources import HeldReport
 from patches.profiler.measurement import StageMeasurement
-from patches.profiler.printer import format_aggregated
 from patches.profiler.sources import (
     MeasuringSource,
     ProfileIncomplete,
@@ -138,23 +138,20 @@ class ProfilerAPI:
 
     def print_model_aggregated_profile(self, module_depth: int = -1, top_modules: int = 1) -> None:
         """The top module types per depth of the whole model (the report's Aggregated Profile)."""
-        report = self._report_or_say_why(lambda: self._source.report(None))
-        if report is None:
-            return
-        text = "\n".join(format_aggregated(report, module_depth, top_modules)) if self._source.emits_here else ""
-        self._source.emit(text)
+        self._report_or_say_why(lambda: print_report(self._source, None, module_depth=module_depth,
+                                                     top_modules=top_modules, aggregated_only=True))
 
     def write_json(self, path: str, profile_step: Optional[int] = None) -> None:
         """The schema's JSON, written to path by the rank the source names."""
         report = self.get_report(profile_step)
-        self._source.write(lambda: write_json(report, path), path)
+        self._source.write(functools.partial(write_json, report, path), path)
 
     def write_trace(self, path: str, profile_step: Optional[int] = None) -> None:
         """The Chrome trace (Perfetto, chrome://tracing) of the reported replica: a process per stage, a track
         per tensor rank (trace.py)."""
         report = self.get_report(profile_step)
         trace = self._source.trace(report["step"])
-        self._source.write(lambda: write_trace(trace, path), path)
+        self._source.write(functools.partial(write_trace, trace, path), path)
 
     def is_expert_tensor_parallelism_enabled(self) -> bool:
         """DeepSpeed's meaning: a MoE layer of the model shards its experts over tensor ranks."""

@@ -3,7 +3,7 @@
 - RunDescription: what the code asking for the report knows of its run that the engine does not say
   (Megatron's sequence length, its analytic FLOPs, a device peak, its log line's formula);
 - IterationTiming: the profiled iteration's wall time against the unprofiled ones before it, as the
-  scheduler's clock measured them (one_step.IterationClock);
+  scheduler's clock measured them (iteration_clock.IterationClock);
 - ReportContext: those two, the engine's layout and settings, and how the report was collected: everything
   report.build_report reads besides the ranks' entries.
 """

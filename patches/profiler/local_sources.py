@@ -9,12 +9,13 @@
 - HeldReport: a report built elsewhere (the config section's, gathered), held for the getters and prints of
   engine.flops_profiler afterwards, on any rank, with no collective.
 """
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional, Union
 
 import torch.distributed as dist
 
 from patches.profiler import store_exchange
 from patches.profiler.context import ReportContext, RunDescription
+from patches.profiler.entry import RankEntry
 from patches.profiler.files import write_text
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
@@ -63,23 +64,25 @@ class PublishedReports(_CallingRankOutput):
         self._collected, self._reports = None, {}
 
     def publish(self) -> None:
-        """The measured train_batch has returned (engine_methods.py): stop, detach everything, then publish this
-        rank's part under its own key of the store (never waits)."""
-        measurement = self.measurement
-        measurement.stop()
-        publication = self._publication()
-        measurement.detach()  # the measurements stay; no hook or wrapper remains on the engine
-        self._namespace = f"engine{measurement.attachment.ordinal}/step{self._step}"
-        store_exchange.publish(self._namespace, publication)
+        """The measured train_batch has returned (engine_methods.py): the measurement finishes as a schedule's
+        does (every hook off the engine, what it measured kept), then this rank's part goes under its own key of
+        the store (never waits)."""
+        measured = self.measurement.finish()  # this rank's entry, or the error building it raised
+        self._namespace = f"engine{self.measurement.attachment.ordinal}/step{self._step}"
+        store_exchange.publish(self._namespace, self._publication(measured))
 
-    def _publication(self) -> store_exchange.Publication:
+    def _publication(self, measured: Union[RankEntry, Exception]) -> store_exchange.Publication:
         rank, layout = dist.get_rank(), self.measurement.layout
         host, wall_minus_perf_s = store_exchange.this_host_clock()
-        try:
-            entry = self.measurement.entry().as_dict()
-            sample = RankSample.from_entry(entry)
-        except Exception as error:  # the readers name this rank and why, instead of waiting for it
-            sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, error)
+        failure = measured if isinstance(measured, Exception) else None
+        if failure is None:
+            try:
+                entry = measured.as_dict()
+                sample = RankSample.from_entry(entry)
+            except Exception as error:
+                failure = error
+        if failure is not None:  # the readers name this rank and why, instead of waiting for it
+            sample = RankSample.failed(rank, layout.stage, layout.tp_rank, layout.dp_rank, failure)
             return store_exchange.Publication(rank, sample, None, None, host, wall_minus_perf_s)
         in_replica = layout.in_replica
         return store_exchange.Publication(rank, sample, entry if in_replica else None,

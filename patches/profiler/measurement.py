@@ -24,7 +24,6 @@ What the measurements become (a report, gathered or read from the store) is the 
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, List, Optional, Tuple, TypeVar, Union
 
-import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -38,6 +37,7 @@ from patches.profiler.instructions import BACKWARD_INSTRUCTIONS, FORWARD_INSTRUC
 from patches.profiler.layout import EngineLayout
 from patches.profiler.memory import MemoryMeasurement, StageMemory
 from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler, ModuleResults
+from patches.profiler.module_tree import annotate_replicated_params
 
 Result = TypeVar("Result")
 
@@ -240,7 +240,7 @@ class StageMeasurement:
         module, layout = self.engine.module, self.layout
         measured = self._results if self._results is not None else self.module_profiler.results()
         tree = measured.tree
-        _annotate_replicated_params(module, tree)
+        annotate_replicated_params(module, tree)
         events = [(name, _plain(kwargs), start, end) for name, kwargs, start, end in self.hooks.instructions.events]
         parts = [int(part) for part in getattr(module, "parts", None) or []] or None
         gc = dict(measured.gc.as_dict(),
@@ -278,33 +278,6 @@ class StageMeasurement:
         tree = self.module_profiler.tree()
         return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
 
-
-
-def _annotate_replicated_params(module: torch.nn.Module, node: dict) -> None:
-    """replicated_params: the part of a node's params that every tensor rank holds whole.
-
-    Parameters marked tensor_model_parallel are shards (summed over tensor ranks); the rest
-    (LayerNorm, row-parallel biases, position embeddings) are counted once.
-    """
-    seen = set()
-
-    def visit(mod, tree_node):
-        own = 0
-        for param in mod.parameters(recurse=False):
-            if id(param) not in seen:
-                seen.add(id(param))
-                if not getattr(param, "tensor_model_parallel", False):
-                    own += param.numel()
-        children = dict(mod.named_children())
-        total = own
-        for child_node in tree_node["children"]:
-            child = children.get(child_node["name"])
-            if child is not None:
-                total += visit(child, child_node)
-        tree_node["replicated_params"] = total
-        return total
-
-    visit(module, node)
 
 
 def _plain(kwargs: dict) -> dict:

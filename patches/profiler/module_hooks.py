@@ -12,7 +12,7 @@
   its subtree starts, when its parent ends, or at the end of the graph task (a callback queued on the
   autograd engine). Backward entries therefore always form a chain of ancestors. No hook holds an
   autograd node: a graph recorded while profiling and never run backward is freed as usual.
-- Module formulas (flop_formulas.register_module_flops, for kernels that bypass aten): the forward FLOPs
+- Module formulas (module_flops.register_module_flops, for kernels that bypass aten): the forward FLOPs
   are counted when the call ends, the backward's when its backward starts, once per graph task.
 - Calls no hook sees: a function run on a module (DeepSpeed's TiedLayerSpec forward_fn) runs as a call of
   that module (scoped_call); backward work a schedule hands out of the backward pass, to run later outside
@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from patches.profiler.fail_safe import error_line
-from patches.profiler.flop_formulas import MATRIX
+from patches.profiler.module_flops import MATRIX
 from patches.profiler.module_tree import ModuleNode
 from patches.profiler.phase_stack import Entry, PhaseStack
 from patches.profiler.phases import BACKWARD, module_call_phase

@@ -15,7 +15,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
-from patches.profiler.flop_formulas import ModuleFlops, module_flops_for
+from patches.profiler.module_flops import ModuleFlops, module_flops_for
 from patches.profiler.phase_names import PHASE_PREFIXES
 from patches.profiler.phases import FORWARD, PHASES
 
@@ -175,3 +175,30 @@ def _node_dict(node):
         out[f"{prefix}_calls"] = node.calls[phase]  # the node's own calls
     out["children"] = children
     return out
+
+
+def annotate_replicated_params(module: torch.nn.Module, node: dict) -> None:
+    """replicated_params: the part of a node's params that every tensor rank holds whole.
+
+    Parameters marked tensor_model_parallel are shards (summed over tensor ranks); the rest
+    (LayerNorm, row-parallel biases, position embeddings) are counted once.
+    """
+    seen = set()
+
+    def visit(mod, tree_node):
+        own = 0
+        for param in mod.parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                if not getattr(param, "tensor_model_parallel", False):
+                    own += param.numel()
+        children = dict(mod.named_children())
+        total = own
+        for child_node in tree_node["children"]:
+            child = children.get(child_node["name"])
+            if child is not None:
+                total += visit(child, child_node)
+        tree_node["replicated_params"] = total
+        return total
+
+    visit(module, node)

@@ -1,42 +1,27 @@
-"""The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says."""
+"""The report as text, in the layout of DeepSpeed's flops profiler, with every number meaning what it says: the
+header, the notations, the summary and its warnings here, then the pipeline's sections (printed_stages.py) and the
+modules' (printed_modules.py)."""
+from patches.formats.text_table import labelled_line
 from patches.formats.units import (
-    bytes_to_string,
     duration_to_string,
     flops_rate_to_string,
     number_to_string,
     params_to_string,
 )
-from patches.partition.plan_lines import plan_line
-from patches.partition.table import shared_on_one_stage
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS
-from patches.profiler.notes import (
-    FIRST_STEP_PEAKS,
-    LAYER_TABLE_CAPTION,
-    MEMORY_CAPTION,
-    STAGE_TABLE_CAPTION,
-    STRAGGLER_TABLE_CAPTION,
+from patches.profiler.printed_modules import detailed_tree, format_aggregated
+from patches.profiler.printed_stages import (
+    bubble_lines,
+    instruction_tables,
+    layer_table,
+    memory_table,
+    ranks,
+    stage_table,
+    straggler_table,
 )
-from patches.profiler.stragglers import METRICS
-from patches.profiler.tree_merge import aggregate_by_depth
 
 HEADER = "-------------------------- DeepSpeed Flops Profiler --------------------------"
 CLOSING = "-" * 78
-_LINE = "{:<72}  {}"
-
-
-def _percent(part, whole):
-    return f"{100 * part / whole:.2f}%" if whole else "0%"
-
-
-def _table(headers, rows, indent="  "):
-    widths = [max(len(str(row[i])) for row in [headers] + rows) for i in range(len(headers))]
-    return [indent + "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()
-            for row in [headers] + rows]
-
-
-def _ranks(stage):
-    return ",".join(str(r) for r in stage["global_ranks"])
-
 
 def _notations(report):
     lines = ["Notations:",
@@ -159,7 +144,7 @@ def _summary(report):
     time = "unprofiled iter time" if totals.get("throughput_basis") == "unprofiled" else "iter latency"
 
     def line(label, value):
-        return _LINE.format(label + ":", value)
+        return labelled_line(label + ":", value)
 
     lines = [
         line("world size = pp * tp * dp", f"{par['world_size']} = {pp} * {tp} * {dp}"),
@@ -176,7 +161,7 @@ def _summary(report):
         line("device, dtype, dense peak", f"{device['name']}, {device['dtype']}, "
              + (f"{device['peak_tflops']:g} TFLOPS" if device["peak_tflops"] else "unknown")),
     ]
-    lines += [line(f"params per GPU, stage {s['stage_id']} (ranks {_ranks(s)})", params_to_string(s["params_per_gpu"]))
+    lines += [line(f"params per GPU, stage {s['stage_id']} (ranks {ranks(s)})", params_to_string(s["params_per_gpu"]))
               for s in report["stages"]]
     lines += [
         line("params of model (tp shards summed, replicated and tied params once)", params_to_string(totals["params"])),
@@ -231,266 +216,21 @@ def _backward_instructions(report):
     return " + ".join(name for name in BACKWARD_INSTRUCTIONS if name in ran) or "BackwardPass"
 
 
-# The pauses are left out of every module's time and of the plan's layer times (gc_pauses.py).
-GC_LABEL = "garbage collection in the profiled iteration, in no module's time"
-
-
-def _stage_table(report):
-    headers = ["stage", "ranks", "params", "fwd flops", "bwd flops", "recompute flops", "fwd", "bwd", "step",
-               "comm+wait", "other", "train_batch", "share", "FLOPS per GPU"]
-    rows = []
-    for s in report["stages"]:
-        marker = " *" if s["stage_id"] == report["bounding_stage"] else ""
-        rows.append([f"{s['stage_id']}{marker}", _ranks(s), params_to_string(s["params"]),
-                     number_to_string(s["fwd_flops"]), number_to_string(s["bwd_flops"]),
-                     number_to_string(s["recompute_flops"])]
-                    + [duration_to_string(s[k]) for k in ("fwd_latency_s", "bwd_latency_s", "step_latency_s",
-                                                          "comm_s", "other_s", "train_batch_latency_s")]
-                    + [f"{100 * s['busy_share']:.2f}%", flops_rate_to_string(s["tflops_per_gpu"] * 1e12)])
-    time = "unprofiled iter time" if report["totals"].get("throughput_basis") == "unprofiled" else "iter latency"
-    return (["", STAGE_TABLE_CAPTION]
-            + _table(headers, rows)
-            + ["  * bounds the iteration (largest fwd + bwd + step time); "
-               "share = (fwd + bwd + step) / iter latency; FLOPS per GPU = the stage's (fwd + bwd + recompute "
-               f"flops) / {time} / tp"]
-            + _gc_line(report["stages"]))
-
-
-def _gc_line(stages):
-    """The garbage collector's pauses in each stage's profiled iteration (its most paused tp rank), which no
-    module's time includes; none for a report from before they were measured."""
-    paused = [stage for stage in stages if stage.get("gc")]
-    if not paused:
-        return []
-    return ["  " + GC_LABEL + ": " + "; ".join(
-        f"stage {stage['stage_id']} {duration_to_string(stage['gc']['pause_s'])} in {stage['gc']['collections']} "
-        f"collections ({stage['gc']['generation_2']} full, the longest "
-        f"{duration_to_string(stage['gc']['longest_s'])})" for stage in paused)]
-
-
-def _bubble(report):
-    bubble = report.get("bubble")
-    if bubble is None:
-        return []
-    par = report["parallelism"]
-    pp, m = par["pipeline_parallel_size"], par["micro_batches"]
-    bounding = bubble["bounding_stage"]
-    known = bubble.get("ideal_fraction") is not None
-    rows = [[f"{row['stage_id']}{' *' if row['stage_id'] == bounding else ''}", duration_to_string(row["compute_s"]),
-             duration_to_string(row["idle_s"]), f"{100 * row['idle_fraction']:.2f}%",
-             f"{100 * row['over_ideal']:+.2f} pts" if known else "n/a", duration_to_string(row["wait_for_bounding_s"])]
-            for row in bubble["stages"]]
-    waits = [row["wait_for_bounding_s"] for row in bubble["stages"] if row["stage_id"] != bounding]
-    schedule = bubble.get("schedule")
-    if not known:
-        ideal = (f"schedule {schedule}, pp = {pp}, micro-batches = {m}; its ideal idle fraction is not known to the "
-                 "profiler, so no stage is compared with it")
-    elif schedule in (None, "TrainSchedule"):
-        ideal = (f"1F1B, pp = {pp}, micro-batches = {m}; ideal idle fraction (pp - 1) / (micro-batches + pp - 1) = "
-                 f"{100 * bubble['ideal_fraction']:.2f}%")
-    else:
-        ideal = (f"{bubble['ideal_name']} ({schedule}), pp = {pp}, micro-batches = {m}; ideal idle fraction "
-                 f"{bubble['ideal_formula']} = {100 * bubble['ideal_fraction']:.2f}%")
-    lines = ["", f"Pipeline bubble ({ideal}):",
-             f"  schedule span (stage 0's first instruction to the last backward instruction, clocks aligned to rank 0 "
-             f"within {duration_to_string(bubble['clock_error_s'])}): {duration_to_string(bubble['schedule_span_s'])}"]
-    lines += _table(["stage", "fwd+bwd", "idle", "idle fraction", "vs ideal", f"waits for stage {bounding}"], rows)
-    if waits:
-        lines.append(f"  * stage {bounding} bounds the iteration; the other stages wait for it "
-                     f"{' / '.join(duration_to_string(w) for w in waits)} per iteration "
-                     f"(its fwd + bwd + step minus theirs)")
-    else:
-        lines.append(f"  * stage {bounding} is the only stage")
-    return lines
-
-
-def _memory(report):
-    """Each stage's memory per GPU, in the summary's layout: what it holds, what it keeps per micro-batch, the
-    peak predicted from them beside the one the allocator measured."""
-    stages = [s for s in report["stages"] if s.get("memory")]
-    if not stages:
-        return []
-
-    def line(label, value):
-        return _LINE.format("  " + label + ":", value)
-
-    lines = ["", MEMORY_CAPTION]
-    for stage in stages:
-        memory = stage["memory"]
-        lines += [f"stage {stage['stage_id']} (rank {memory['global_rank']}, iteration {memory['iteration']}):",
-                  line("state = params + grads + optimizer",
-                       f"{bytes_to_string(memory['state_bytes'])} = {bytes_to_string(memory['param_bytes'])} + "
-                       f"{bytes_to_string(memory['grad_bytes'])} + {bytes_to_string(memory['optimizer_bytes'])}"),
-                  line("layers' activations kept per micro-batch", bytes_to_string(memory["layer_activation_bytes"]))]
-        if memory["predicted_peak_bytes"] is None:
-            lines.append(line("peak", f"n/a: the allocator was not read ({memory['not_read']})"))
-            continue
-        lines += [
-            line("kept per micro-batch in flight (layers + outside them)",
-                 f"{bytes_to_string(memory['kept_bytes_per_micro_batch'])} x "
-                 f"{memory['in_flight_micro_batches']} in flight"),
-            line("base (alive at the start besides the state)", bytes_to_string(memory["base_bytes"])),
-            line("transients (compute / step)", f"{bytes_to_string(memory['compute_transient_bytes'])} / "
-                                                f"{bytes_to_string(memory['step_transient_bytes'])}"),
-            line("predicted peak = base + state + max(in flight x kept + compute transient, step transient)",
-                 bytes_to_string(memory["predicted_peak_bytes"])),
-            line("measured peak", f"{bytes_to_string(memory['measured_peak_bytes'])} (in "
-                                  f"{memory['measured_peak_instruction'] or 'no instruction'})"),
-        ]
-        if memory.get("fixed_buffer_bytes"):  # null or absent in a report from before it was measured
-            lines.append(line("of the step transient, fixed-size buffers (ZeRO's reduction buckets)",
-                              bytes_to_string(memory["fixed_buffer_bytes"])))
-        if memory["optimizer_created_bytes"]:  # the process's first step: the peaks part (docs/profiling.md)
-            lines += [line("optimizer state created in its step (a first step)",
-                           bytes_to_string(memory["optimizer_created_bytes"])),
-                      "    " + FIRST_STEP_PEAKS]
-    basis = next(s["memory"]["basis"] for s in stages)
-    if basis:
-        lines.append(f"  allocator: {basis}")
-    return lines
-
-
-def _layers(report):
-    """Each layer's work per iteration, and the partition the measured layers ask for."""
-    rows = report.get("layers")
-    if not rows:
-        return []
-    memory = any(row.get("activation_bytes") is not None for row in rows)
-    table = [[row["index"], row["type"], row["stage"], duration_to_string(row["fwd_latency_s"]),
-              duration_to_string(row["bwd_latency_s"]), duration_to_string(row["recompute_latency_s"]),
-              number_to_string(row["fwd_flops"] + row["bwd_flops"] + row["recompute_flops"]),
-              params_to_string(row["params"])]
-             + ([_bytes_or_na(row.get("activation_bytes")), _bytes_or_na(row.get("state_bytes"))] if memory else [])
-             for row in rows]
-    lines = ["", LAYER_TABLE_CAPTION]
-    lines += _table(["layer", "type", "stage", "fwd", "bwd", "recompute", "flops", "params"]
-                    + (["kept/micro-batch", "state"] if memory else []), table)
-    for indices in shared_on_one_stage(rows):
-        lines.append(f"  layers {' and '.join(str(i) for i in indices)} ran one tied module on one stage: its time "
-                     "and FLOPs are split evenly between them here, and no partition is planned from them")
-    plan = report.get("partition_plan")
-    if plan:
-        lines.append("  " + plan_line(plan))
-    return lines
-
-
-def _bytes_or_na(value):
-    return bytes_to_string(value) if value is not None else "n/a"
-
-
-def _stragglers(report: dict) -> list:
-    """Each stage's timings over the data-parallel replicas (absent from schema version 1 reports)."""
-    view = report.get("stragglers")
-    if not view:
-        return []
-    rows = []
-    for stage in view["stages"]:
-        for field, label in METRICS:
-            spread = stage[field]
-            ranks = ",".join(str(r) for r in spread["slowest_ranks"])
-            rows.append([stage["stage_id"], label] + [duration_to_string(spread[k]) for k in ("min", "median", "max")]
-                        + [f"dp {spread['slowest_dp_rank']} (ranks {ranks})"])
-    replicas = view["stages"][0]["replicas"]
-    return (["", STRAGGLER_TABLE_CAPTION]
-            + _table(["stage", "time", "min", "median", "max", f"slowest of {replicas} replicas"], rows))
-
-
-def _instruction_tables(report):
-    lines = []
-    for s in report["stages"]:
-        train_batch = s["train_batch_latency_s"]
-        rows = [[name, i["count"], duration_to_string(i["total_s"]), _percent(i["total_s"], train_batch)]
-                for name, i in s["instructions"].items()]
-        rows.append(["all instructions", "", duration_to_string(s["instructions_s"]),
-                     _percent(s["instructions_s"], train_batch)])
-        memory = bytes_to_string(s["peak_memory_bytes"]) if s.get("peak_memory_bytes") is not None else "n/a"
-        lines += ["", f"Instructions of stage {s['stage_id']} (ranks {_ranks(s)}; train_batch "
-                      f"{duration_to_string(train_batch)}, peak memory {memory}):"]
-        lines += _table(["instruction", "count", "total", "% of train_batch"], rows)
-    return lines
-
-
-def format_aggregated(report: dict, module_depth: int = -1, top_modules: int = 1) -> list:
-    """The Aggregated Profile's lines: per depth, the top module types of the whole-model tree."""
-    depths = aggregate_by_depth(report["model_tree"])
-    last = len(depths) - 1 if module_depth < 0 else min(module_depth, len(depths) - 1)
-    lines = [f"Top {top_modules} modules in terms of params, flops (fwd + bwd + recompute) or latency at "
-             "different model depths,",
-             "each type summed over its modules at that depth in the whole-model tree (all stages, tp shards "
-             "summed; latencies the largest tp rank's, summed over stages):"]
-    columns = (("params", "params", params_to_string), ("flops", "flops", number_to_string),
-               ("fwd latency", "fwd_latency_s", duration_to_string),
-               ("bwd latency", "bwd_latency_s", duration_to_string),
-               ("recompute latency", "recompute_latency_s", duration_to_string))
-    for depth in range(last + 1):
-        by_type = depths[depth]
-        total = {key: sum(row[key] for row in by_type.values()) for _, key, _ in columns}
-        lines.append(f"depth {depth} (all {sum(r['count'] for r in by_type.values())} modules: "
-                     + ", ".join(f"{label} {fmt(total[key])}" for label, key, fmt in columns) + "):")
-        for label, key, fmt in columns:
-            top = sorted(by_type.items(), key=lambda item: item[1][key], reverse=True)[:top_modules]
-            lines.append(f"    {label:<17} - {dict((name, fmt(row[key])) for name, row in top)}")
-    return lines
-
-
-def _node_summary(node, root, tp):
-    flops = node["fwd_flops"] + node["bwd_flops"] + node["recompute_flops"]
-    latency = node["fwd_latency_s"] + node["bwd_latency_s"] + node["recompute_latency_s"]
-    root_flops = root["fwd_flops"] + root["bwd_flops"] + root["recompute_flops"]
-    return (f"{params_to_string(node['params'])} = {_percent(node['params'], root['params'])} Params, "
-            f"fwd {number_to_string(node['fwd_flops'])} + bwd {number_to_string(node['bwd_flops'])} + "
-            f"recompute {number_to_string(node['recompute_flops'])} flops = {_percent(flops, root_flops)} flops, "
-            f"fwd {duration_to_string(node['fwd_latency_s'])}, bwd {duration_to_string(node['bwd_latency_s'])}, "
-            f"recompute {duration_to_string(node['recompute_latency_s'])}, "
-            f"{flops_rate_to_string(flops / tp / latency if latency else 0)}")
-
-
-def _tree(node, root, tp, depth, module_depth, indent, label):
-    shown = node["children"] if module_depth < 0 or depth < module_depth else []
-    head = f"{indent}{label}{node['type']}("
-    if not shown:
-        return [f"{head}{_node_summary(node, root, tp)})"]
-    lines = [head, f"{indent}  {_node_summary(node, root, tp)},"]
-    for child in shown:
-        lines += _tree(child, root, tp, depth + 1, module_depth, indent + "  ", f"({child['name']}): ")
-    return lines + [f"{indent})"]
-
-
-def _detailed(report, module_depth):
-    tp = report["parallelism"]["tensor_parallel_size"]
-    root = report["model_tree"]
-    return [
-        "Each module profile is listed after its name in the following order:",
-        "params = % of model params, fwd + bwd + recompute flops = % of model flops, fwd latency, bwd latency, "
-        "recompute latency, FLOPS per GPU = its flops / tp / its (fwd + bwd + recompute) latency",
-        "",
-        "Note: 1. The tree is the whole model: every stage's modules under one root, layers under their global "
-        "index. Params and flops are summed over tp shards (replicated params once); latencies are the largest tp "
-        "rank's; a module held by several stages (tied) has its params once and its flops and latencies summed "
-        "over stages, as has the root.",
-        "2. Params, flops and latencies are inclusive: a module's include its submodules'. Work done outside any "
-        "submodule (functional calls, the loss) makes up the difference between a module and the sum of its "
-        "submodules.",
-        "3. Latencies are device-synchronized, measured on the module itself, forward, backward and recompute apart.",
-        "",
-    ] + _tree(root, root, tp, 0, module_depth, "", "")
-
-
 def format_report(report: dict, module_depth: int = -1, top_modules: int = 1, detailed: bool = True) -> str:
     """The report as text. module_depth=-1 shows every depth, k shows depths 0..k (the root is depth 0)."""
     lines = ["", HEADER, f"Profile Summary at step {report['step']}:"]
     lines += _notations(report)
     lines += _summary(report)
-    lines += _stage_table(report)
-    lines += _bubble(report)
-    lines += _memory(report)
-    lines += _layers(report)
-    lines += _stragglers(report)
-    lines += _instruction_tables(report)
+    lines += stage_table(report)
+    lines += bubble_lines(report)
+    lines += memory_table(report)
+    lines += layer_table(report)
+    lines += straggler_table(report)
+    lines += instruction_tables(report)
     lines += ["", "----------------------------- Aggregated Profile per GPU -----------------------------"]
     lines += format_aggregated(report, module_depth, top_modules)
     if detailed:
         lines += ["", "------------------------------ Detailed Profile per GPU ------------------------------"]
-        lines += _detailed(report, module_depth)
+        lines += detailed_tree(report, module_depth)
     lines.append(CLOSING)
     return "\n".join(lines) + "\n"

@@ -30,6 +30,7 @@ from patches.profiler.gather import (
 )
 from patches.profiler.layout import EngineLayout
 from patches.profiler.measurement import StageMeasurement
+from patches.profiler.printed_modules import format_aggregated
 from patches.profiler.printer import format_report
 from patches.profiler.trace import build_trace
 
@@ -177,12 +178,17 @@ class GatheredReports:
 
 
 def print_report(source: ReportSource, step: Optional[int] = None, output_file: Optional[str] = None,
-                 module_depth: int = -1, top_modules: int = 1, detailed: bool = True) -> dict:
+                 module_depth: int = -1, top_modules: int = 1, detailed: bool = True,
+                 aggregated_only: bool = False) -> dict:
     """The one way a report reaches its reader: source.report(step) (collective where the source is), formatted
-    (printer.format_report's module_depth, top_modules, detailed) on the rank that emits it alone, and printed
-    there or written to output_file. Returns the report."""
+    (printer.format_report's module_depth, top_modules, detailed; aggregated_only: its Aggregated Profile alone,
+    DeepSpeed's print_model_aggregated_profile) on the rank that emits it alone, and printed there or written to
+    output_file. Returns the report."""
     report = source.report(step)
-    text = format_report(report, module_depth, top_modules, detailed) if source.emits_here else ""
+    text = ""
+    if source.emits_here:
+        text = ("\n".join(format_aggregated(report, module_depth, top_modules)) if aggregated_only
+                else format_report(report, module_depth, top_modules, detailed))
     source.emit(text, output_file)
     return report
 

@@ -27,7 +27,6 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.process.registry import pipeline_engine_of
 from patches.profiler.api import ProfilerAPI
-from patches.profiler.layout import runs_a_schedule
 from patches.profiler.local_sources import LocalReport, PublishedReports
 from patches.profiler.measurement import StageMeasurement
 from patches.profiler.sources import ProfileIncomplete
@@ -47,7 +46,7 @@ class UserCodeFlopsProfiler(ProfilerAPI, FlopsProfiler):
             raise TypeError("UserCodeFlopsProfiler profiles a DeepSpeed engine (or a PipelineModule of one); "
                             f"got {type(model).__name__}: use DeepSpeed's FlopsProfiler for a plain module")
         measurement = StageMeasurement(engine)
-        source = PublishedReports(measurement) if runs_a_schedule(engine) else LocalReport(measurement)
+        source = PublishedReports(measurement) if measurement.attachment.runs_a_schedule else LocalReport(measurement)
         ProfilerAPI.__init__(self, measurement, source)
         # DeepSpeed's FlopsProfiler attributes
         self.model, self.ds_engine, self.recompute_fwd_factor, self.func_patched = model, engine, \

@@ -66,15 +66,18 @@ def _profiler(*names: str) -> Tuple[str, ...]:
 
 PARTS = (
     Part("the stage measurement", _profiler("measurement"), _profiler(
-        "engine_hooks", "memory", "allocator_trace", "held_state", "kept_activations", "module_profiler",
-        "module_tree", "module_hooks", "flop_counting", "flop_formulas", "phase_stack", "phases", "gc_pauses")),
+        "engine_hooks", "memory", "memory_terms", "allocator_trace", "held_state", "kept_activations",
+        "module_profiler", "module_tree", "module_hooks", "flop_counting", "flop_formulas", "module_flops",
+        "phase_stack", "phases", "gc_pauses")),
     Part("the report", _profiler("sources", "local_sources", "printer", "files"), _profiler(
         "gather", "context", "report", "tree_merge", "trace", "entry", "notes", "peaks", "store_exchange",
-        "stragglers", "memory_report")),
+        "stragglers", "memory_report", "report_stages", "report_timing", "report_replica", "printed_stages",
+        "printed_modules")),
+    Part("the schedule", _profiler("one_step"), _profiler("iteration_clock")),
     Part("the user's profiler", _profiler("api", "user_code_profiler", "pipeline_profiler"), ()),
 )
-LEAVES = ("formats/units.py", "process/store.py", "process/errors.py", "profiler/fail_safe.py",
-          "profiler/shadowing.py")
+LEAVES = ("formats/units.py", "formats/text_table.py", "process/store.py", "process/errors.py",
+          "profiler/fail_safe.py", "profiler/shadowing.py")
 RULE = RULE.format(parts="\n".join(part.line() for part in PARTS),
                    leaves=", ".join(f"`{leaf}`" for leaf in LEAVES))
 

@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from patches.profiler.printer import CLOSING, GC_LABEL, HEADER
+from patches.profiler.printed_stages import GC_LABEL
+from patches.profiler.printer import CLOSING, HEADER
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 
