@@ -669,7 +669,7 @@ def _validate_profiler(args):
     """The profiler's flags, checked; --pp-partition-memory-limit: every plan of this process (the cut a profile
     report asks for, the profile report's own plan) is made under it."""
     try:
-        take_profiler_flags(args)
+        take_profiler_flags(args, on_deepspeeds_pipeline=not args.no_pipeline_parallel)
     except PatchConfigError as error:
         raise ArgumentError(str(error)) from None
     step = args.profile_flops_step

@@ -119,17 +119,15 @@ class GPTModelPipe(PipelineModule):
     (--pp-partition-from-profile)."""
 
     def __init__(self, args):
-        block = recompute_block_layers(args)
-        # block: each of the first N layers of a stage is recomputed alone (chunks of one layer, and
-        # _is_checkpointable declines the others); uniform: every chunk of N layers, counted from the
-        # stage's first layer, that holds transformer layers only (DeepSpeed's rule: a chunk with the
-        # embedding, the final norm or the LM head is run without checkpointing).
-        interval = 1 if block else args.checkpoint_num_layers if args.checkpoint_activations else 0
+        # uniform: every chunk of N layers, counted from the stage's first layer, that holds transformer layers
+        # only (DeepSpeed's rule: a chunk with the embedding, the final norm or the LM head is run without
+        # checkpointing). block (--recompute-method block) and --pp-recompute-layers: the patch set's per-stage
+        # recompute (patches.to_megatron.megatron_flags.block_recompute_as_stage_counts) chooses each stage's layers.
+        interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
         super().__init__(layers=pipeline_layer_specs(args), loss_fn=gpt_loss, topology=mpu.get_topology(),
                          partition_method=partition_method(args),
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=deepspeed.checkpointing.checkpoint)
-        self.recompute_block_layers = block
         if getattr(self, "planned_recompute", None) is not None:
             # the profile's plan chose each stage's recompute with its parts: the run's description follows it
             args.pp_recompute_layers = self.planned_recompute
@@ -145,14 +143,6 @@ class GPTModelPipe(PipelineModule):
 
     def ckpt_layer_path_list(self, ckpt_dir, local_layer_idx):
         return super().ckpt_layer_path_list(ckpt_dir, local_layer_idx + UPSTREAM_LAYER_FILE_OFFSET)
-
-    def _is_checkpointable(self, funcs):
-        if not super()._is_checkpointable(funcs):
-            return False
-        if not self.recompute_block_layers:
-            return True
-        first = min(f.layer_number for f in self.forward_funcs if isinstance(f, ParallelTransformerLayer))
-        return all(f.layer_number - first < self.recompute_block_layers for f in funcs)
 
 
 def partition_method(args):

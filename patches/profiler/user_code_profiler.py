@@ -39,9 +39,8 @@ class UserCodeFlopsProfiler(ProfilerAPI, FlopsProfiler):
 
     def __init__(self, model: torch.nn.Module, ds_engine: Optional[DeepSpeedEngine] = None,
                  recompute_fwd_factor: float = 0.0):
-        engine = pipeline_engine_of(model, ds_engine)
-        if engine is None:
-            engine = model if isinstance(model, DeepSpeedEngine) else ds_engine
+        # an engine profiles itself; a PipelineModule, its engine (the registry's); else the ds_engine given
+        engine = model if isinstance(model, DeepSpeedEngine) else pipeline_engine_of(model, ds_engine) or ds_engine
         if not isinstance(engine, DeepSpeedEngine):
             raise TypeError("UserCodeFlopsProfiler profiles a DeepSpeed engine (or a PipelineModule of one); "
                             f"got {type(model).__name__}: use DeepSpeed's FlopsProfiler for a plain module")

@@ -122,14 +122,31 @@ def check_recompute_flag(args: Namespace) -> None:
     args.pp_recompute_layers = counts
 
 
-def take_profiler_flags(args: Namespace, partition_report: Optional[str] = None) -> None:
-    """check_profiler_flags, then set what the flags ask of every pipeline this process builds, in one place
-    (process/registry.py's RunSettings): the memory limit every plan is made under (--pp-partition-memory-limit),
-    the layers each stage recomputes (--pp-recompute-layers), Megatron's --no-load-optim across partitions, and
-    partition_report: the report that cuts every PipelineModule, whatever its partition_method (upstream's
-    --pp-partition-from-profile; our fork names it in the partition_method it builds with)."""
+def block_recompute_as_stage_counts(args: Namespace) -> None:
+    """Megatron-LM's --recompute-granularity full --recompute-method block --recompute-num-layers N on DeepSpeed's
+    pipeline: the first N transformer layers of every stage recompute, one by one, as --pp-recompute-layers
+    N,N,... says; one definition for both trees (upstream's GPTModelPipe leaves it undone: "deepspeed's pipeline
+    doesn't support the block recompute method")."""
+    if (getattr(args, "pp_recompute_layers", None) is None
+            and getattr(args, "recompute_granularity", None) == "full"
+            and getattr(args, "recompute_method", None) == "block"):
+        args.pp_recompute_layers = (args.recompute_num_layers,) * args.pipeline_model_parallel_size
+
+
+def take_profiler_flags(args: Namespace, on_deepspeeds_pipeline: bool,
+                        partition_report: Optional[str] = None) -> None:
+    """block_recompute_as_stage_counts where the run is on DeepSpeed's pipeline (each tree says when: our fork
+    but under --no-pipeline-parallel, upstream with --deepspeed too), check_profiler_flags, then set what the flags
+    ask of every pipeline this process builds, in one place (process/registry.py's RunSettings): the memory limit
+    every plan is made under (--pp-partition-memory-limit), the layers each stage recomputes (--pp-recompute-layers,
+    or block recompute), Megatron's --no-load-optim across partitions, and partition_report: the report that cuts
+    every PipelineModule, whatever its partition_method (upstream's --pp-partition-from-profile; our fork names it
+    in the partition_method it builds with)."""
+
     from patches.process.registry import RunSettings, use_for_this_run
 
+    if on_deepspeeds_pipeline:
+        block_recompute_as_stage_counts(args)
     check_profiler_flags(args)
     use_for_this_run(RunSettings(
         partition_report=partition_report, partition_memory_limit=memory_limit_of(args),

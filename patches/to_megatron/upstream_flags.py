@@ -19,18 +19,8 @@ def check_upstream_profiler_flags(args: Namespace) -> None:
     GPTModelPipe's hard-coded partition_method)."""
     if args.profile_flops_step is not None and not getattr(args, "deepspeed", False):
         raise PatchConfigError(f"{PROFILE_STEP_FLAG} profiles a DeepSpeed engine: add --deepspeed")
-    take_profiler_flags(args, partition_report=args.pp_partition_from_profile)
-
-
-def block_recompute_on_the_pipeline(args: Namespace) -> None:
-    """Megatron-LM's --recompute-granularity full --recompute-method block --recompute-num-layers N, which upstream's
-    GPTModelPipe leaves undone on DeepSpeed's pipeline ("deepspeed's pipeline doesn't support the block recompute
-    method"): the first N transformer layers of every stage recompute, as --pp-recompute-layers N,N,... says."""
-    pipeline = not getattr(args, "no_pipeline_parallel", False) and getattr(args, "deepspeed", False)
-    if (pipeline and getattr(args, "pp_recompute_layers", None) is None
-            and getattr(args, "recompute_granularity", None) == "full"
-            and getattr(args, "recompute_method", None) == "block"):
-        args.pp_recompute_layers = (args.recompute_num_layers,) * args.pipeline_model_parallel_size
+    pipeline = getattr(args, "deepspeed", False) and not getattr(args, "no_pipeline_parallel", False)
+    take_profiler_flags(args, on_deepspeeds_pipeline=pipeline, partition_report=args.pp_partition_from_profile)
 
 
 def parse_args_with_profiler_flags(original: Callable) -> Callable:
@@ -43,7 +33,6 @@ def parse_args_with_profiler_flags(original: Callable) -> Callable:
             return parser
 
         parsed = original(provider, *args, **kwargs)
-        block_recompute_on_the_pipeline(parsed)
         try:
             check_upstream_profiler_flags(parsed)
         except PatchConfigError as error:
