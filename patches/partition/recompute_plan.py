@@ -1,8 +1,8 @@
 """Where to cut a pipeline and what each stage recomputes, chosen together under a memory limit: the partition and,
 per stage, the first K_s of its recomputable layers (partition/recompute.py runs it), from one measured run.
 
-A stage's time is its layers' forward and backward plus each recomputed layer's recompute (its measured recompute,
-or its forward where it did not recompute in the run), plus its position's overhead. Its peak is memory_model's with
+A stage's time is its layers' time kept whole plus what each recomputed layer's recompute adds (both from the run
+either way: report_plan._both_ways_s), plus its position's overhead. Its peak is memory_model's with
 each recomputed layer keeping its checkpoint (its input) instead of its activations whole, times the micro-batches
 in flight, and the largest recomputed layer's activations alive while its backward runs, on top of the
 backward's own rise (memory_model.stage_peak). Recomputing one more
@@ -26,7 +26,7 @@ from patches.partition.planner import cheapest_parts, least_peak_parts
 class RecomputableLayer:
     """One layer as the run measured it, both ways."""
     index: int
-    seconds: float  # forward + backward, per iteration, without recompute
+    seconds: float  # kept whole: its forward with autograd and its backward, per iteration
     recompute_s: float  # what recomputing it adds per iteration
     recomputable: bool  # DeepSpeed would checkpoint it (a transformer layer in a GPT)
     state_bytes: int

@@ -203,12 +203,23 @@ def recompute_options(layers: List[dict], overheads: List[float], micro_batches:
     except ValueError:
         return None
     rows = sorted(layers, key=lambda row: row["index"])
-    table = [RecomputableLayer(row["index"], (row["fwd_latency_s"] + row["bwd_latency_s"]) * scale,
-                               (row["recompute_latency_s"] if row["recompute_flops"] else row["fwd_latency_s"]) * scale,
-                               recomputable, row["state_bytes"], row["kept_whole_bytes"],
-                               row["kept_as_checkpoint_bytes"])
+    table = [RecomputableLayer(row["index"], *(seconds * scale for seconds in _both_ways_s(row)), recomputable,
+                               row["state_bytes"], row["kept_whole_bytes"], row["kept_as_checkpoint_bytes"])
              for row, recomputable in zip(rows, recomputable_rows(rows))]
     return StageOptions(table, positions, overheads_for(overheads, pp))
+
+
+def _both_ways_s(row: dict) -> Tuple[float, float]:
+    """(a layer's seconds kept whole, what recomputing it adds), from the run either way. A layer the run
+    recomputed ran its forward inside DeepSpeed's checkpoint, without autograd, and again with autograd in its
+    backward, the recompute: kept whole, its forward is one with autograd and no checkpoint, which the recompute
+    measured, and recomputing it adds the checkpointed forward. (In docs/benchmarks.md's recompute proof the
+    recompute took 1.14x and 1.21x the checkpointed forward; pricing the forward kept whole at the checkpointed one
+    predicted the plans from a recompute run up to 10% too fast.) A layer the run kept whole: its forward and
+    backward, and recomputing it adds about one forward."""
+    if row["recompute_flops"]:
+        return row["recompute_latency_s"] + row["bwd_latency_s"], row["fwd_latency_s"]
+    return row["fwd_latency_s"] + row["bwd_latency_s"], row["fwd_latency_s"]
 
 
 def ran_stage_s(layers: List[dict], overheads: List[float], scale: float, stages: int) -> List[float]:
