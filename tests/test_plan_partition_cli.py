@@ -316,7 +316,7 @@ def test_the_golden_report_under_a_limit_keeps_its_basis(capsys):
         "310.78 ms, iteration 327.02 ms predicted against 335.62 ms measured, -2.6% (over iterations 4, 5, 6, "
         "spread 16.5%); the gain is within that spread, so these measurements cannot tell it from noise; stage 1 "
         "has the least memory headroom, 566.52 KB predicted of 600 KB (flag); with each stage's recompute chosen "
-        "too: parts [0, 3, 7], --pp-recompute-layers 0,0, iteration 247.39 ms predicted, -26.3%, every stage "
+        "too: parts [0, 3, 7], --pp-recompute-layers 0,0, iteration 269.54 ms predicted, -19.7%, every stage "
         "within the limit, stage 0 the closest at 530.97 KB"]
     # [0, 2, 7] exceeds 500 KB: the fastest within it is the partition that ran, its loads scaled the same way
     code, out, _ = run(capsys, REPORT, "--pp-partition-memory-limit", "500KB")
@@ -325,7 +325,7 @@ def test_the_golden_report_under_a_limit_keeps_its_basis(capsys):
         "stage peaks as planned: 422.17 KB, 432.74 KB (limit 500 KB)"]
 
 
-@pytest.mark.parametrize("limit, counts, change", [("600KB", "0,0", "-26.3%"), ("500KB", "1,1", "-8.6%"),
+@pytest.mark.parametrize("limit, counts, change", [("600KB", "0,0", "-19.7%"), ("500KB", "1,1", "-8.6%"),
                                                   ("450KB", "2,2", "+0.0%")])
 def test_the_recompute_is_chosen_with_the_partition_under_a_limit(capsys, limit, counts, change):
     """The golden run recomputed both transformer layers of each stage: 600 KB lets every layer keep its activations

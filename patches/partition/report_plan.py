@@ -212,14 +212,17 @@ def recompute_options(layers: List[dict], overheads: List[float], micro_batches:
 def _both_ways_s(row: dict) -> Tuple[float, float]:
     """(a layer's seconds kept whole, what recomputing it adds), from the run either way. A layer the run
     recomputed ran its forward inside DeepSpeed's checkpoint, without autograd, and again with autograd in its
-    backward, the recompute: kept whole, its forward is one with autograd and no checkpoint, which the recompute
-    measured, and recomputing it adds the checkpointed forward. (In docs/benchmarks.md's recompute proof the
-    recompute took 1.14x and 1.21x the checkpointed forward; pricing the forward kept whole at the checkpointed one
-    predicted the plans from a recompute run up to 10% too fast.) A layer the run kept whole: its forward and
+    backward, the recompute: kept whole, its forward is one with autograd, which the recompute measured and which
+    is never faster than the same forward without autograd, so the larger of the two; recomputing it adds the
+    rest of what the run measured (the run's own total stays as measured). (In docs/benchmarks.md's recompute proof
+    the recompute took 1.14x and 1.21x the checkpointed forward; pricing the forward kept whole at the checkpointed
+    one predicted the plans from a recompute run up to 10% too fast.) A layer the run kept whole: its forward and
     backward, and recomputing it adds about one forward."""
+    forward, backward = row["fwd_latency_s"], row["bwd_latency_s"]
     if row["recompute_flops"]:
-        return row["recompute_latency_s"] + row["bwd_latency_s"], row["fwd_latency_s"]
-    return row["fwd_latency_s"] + row["bwd_latency_s"], row["fwd_latency_s"]
+        recompute = row["recompute_latency_s"]
+        return max(forward, recompute) + backward, min(forward, recompute)
+    return forward + backward, forward
 
 
 def ran_stage_s(layers: List[dict], overheads: List[float], scale: float, stages: int) -> List[float]:
