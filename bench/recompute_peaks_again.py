@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from recompute_proof import ran_counts
+
 from patches.partition.report_plan import recompute_what_if
 
 
@@ -23,11 +25,6 @@ def report_in(directory: Path):
     return json.loads(found[0].read_text()) if found else None
 
 
-def what_ran(report):
-    parts = report["partition_plan"]["current_parts"]
-    counts = [sum(1 for row in report["layers"] if row["stage"] == s and row["recompute_flops"])
-              for s in range(len(parts) - 1)]
-    return parts, counts
 
 
 def main():
@@ -48,7 +45,7 @@ def main():
             report = report_in(directory)
             if report is None:
                 continue
-            parts, counts = what_ran(report)
+            parts, counts = report["partition_plan"]["current_parts"], ran_counts(report)
             measured = [stage["memory"]["measured_peak_bytes"] for stage in report["stages"]]
             cells = []
             for start in starts:

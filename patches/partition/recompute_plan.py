@@ -18,7 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from patches.partition.memory_model import PositionMemory, stage_peak
+from patches.partition.memory_model import PositionMemory, StagePeak, stage_peak
 from patches.partition.planner import cheapest_parts, least_peak_parts
 
 
@@ -86,9 +86,7 @@ class StageOptions:
         return self._choice(stage, first, stop, start, recomputed, largest)
 
     def _choice(self, stage: int, first: int, stop: int, start: int, recomputed: int, largest: int) -> StageChoice:
-        activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
-        peak = stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage],
-                          self._rise(stop, start, recomputed, largest))
+        peak = self._peak(stage, first, stop, start, recomputed, self._rise(stop, start, recomputed, largest))
         seconds = (self._seconds[stop] - self._seconds[first] + self.overheads[stage]
                    + self._recompute_s[start + recomputed] - self._recompute_s[start])
         return StageChoice(first, stop, recomputed, seconds, peak.predicted_peak_bytes)
@@ -101,12 +99,16 @@ class StageOptions:
         after_last = self._recomputable[start + recomputed - 1] + 1
         return max(0, largest - (self._whole[stop] - self._whole[after_last]))
 
+    def _peak(self, stage: int, first: int, stop: int, start: int, recomputed: int, rise: int) -> StagePeak:
+        """memory_model.stage_peak of layers first .. stop - 1 at `stage`, the first `recomputed` of their
+        recomputable ones (from `start`) keeping their checkpoints, with the recompute's rise."""
+        activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
+        return stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage], rise)
+
     def _bound(self, stage: int, first: int, stop: int, start: int, recomputed: int) -> int:
         """The peak without the recompute's own rise: at most the choice's, and falling as more layers recompute
-        (each keeps less)."""
-        activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
-        return stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage],
-                          0).predicted_peak_bytes
+        (each keeps less). The search's hot path: no StageChoice, no seconds."""
+        return self._peak(stage, first, stop, start, recomputed, 0).predicted_peak_bytes
 
     def recomputable(self, first: int, stop: int) -> int:
         start, end = self._span(first, stop)
