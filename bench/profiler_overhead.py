@@ -21,7 +21,7 @@ between the profiled ones so that a machine shared with other work slows both al
 3. Peers on a pp=1 DeepSpeedEngine with the same GPT (no pipeline; each rank a data-parallel replica),
    the only engine DeepSpeed's own FlopsProfiler works on.
 4. FLOPs: each profiler's forward, backward and recompute FLOPs against the Megatron-LM formula
-   (patches/profiler/analytic_flops.py), without and with activation checkpointing (toggled on the same
+   (patches/to_megatron/analytic_flops.py), without and with activation checkpointing (toggled on the same
    engines), and what it misses.
 The last line is `profiled/unprofiled iteration time ratio: X.XX` (part 1). --headline-only runs part 1
 alone.
@@ -70,7 +70,7 @@ TORCH_PROFILER_MATRIX_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::badd
 
 # ---------------------------------------------------------------- the formula
 def analytic(args, checkpointing):
-    from patches.profiler.analytic_flops import gpt_flops_per_iteration
+    from patches.to_megatron.analytic_flops import gpt_flops_per_iteration
 
     shaped = copy.copy(args)
     shaped.checkpoint_activations = checkpointing
@@ -455,7 +455,7 @@ def print_flops(args, rows, checkpointed):
     formula, formula_ckpt = analytic(args, False), analytic(args, True)
     exact, exact_ckpt = kernel_exact(args, False), kernel_exact(args, True)
     print("\n== 3. FLOPs of one iteration (one replica) against the Megatron-LM formula "
-          "(patches/profiler/analytic_flops.py) ==")
+          "(patches/to_megatron/analytic_flops.py) ==")
     print(f"formula: fwd {formula['fwd_flops']}, bwd {formula['bwd_flops']} (2 x fwd), recompute under activation "
           f"checkpointing {formula_ckpt['recompute_flops']} (the layers' forward)")
     print(f"what the kernels execute: bwd {exact['bwd_flops']}: GEMMs 2x their forward, the fused CPU attention "

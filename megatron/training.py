@@ -20,7 +20,7 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training_log import IntervalStats, TrainingLogLine, throughput
 from megatron.utils import print_rank_0, print_rank_last
 from patches.process.errors import PatchConfigError
-from patches.profiler.analytic_flops import gpt_run_description
+from patches.to_megatron.analytic_flops import gpt_run_description
 from patches.to_megatron.megatron_door import MegatronDoor
 
 

@@ -9,7 +9,7 @@
 --log-num-zeros-in-grad (upstream's pipeline path prints 0.0 there whatever the gradients; this is the
 count), "params norm" with --log-params-norm, "lm loss" when an iteration of the interval advanced.
 Throughput is upstream's: samples/s of the whole global batch, tokens per second per GPU (tgs), and
-TFLOPs per GPU as the whole global batch's FLOPs (upstream's formula: patches.profiler.analytic_flops, read from
+TFLOPs per GPU as the whole global batch's FLOPs (upstream's formula: patches.to_megatron.analytic_flops, read from
 the run's description) over seconds per iteration times the world size.
 """
 import math

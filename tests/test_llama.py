@@ -9,7 +9,7 @@ import pytest
 
 from megatron.arguments import parse_args
 from megatron.model.gpt_model import transformer_layers_per_stage
-from patches.profiler.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
+from patches.to_megatron.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.flags import layout
 from tests.helpers.launch import TORCHRUN, explain, run_pretrain

@@ -9,7 +9,7 @@ import pytest
 
 from patches.partition.method import MEMORY_ENVIRONMENT, memory_limit, profiled_plan
 from patches.process.errors import PatchConfigError
-from patches.process.registry import RunSettings, use_for_this_run
+from patches.process.registry import REGISTRY, RunSettings
 from patches.to_megatron.megatron_flags import add_profiler_flags, check_profiler_flags, memory_limit_of
 from tests.test_plan_partition_cli import small_report, small_report_with_memory
 
@@ -19,16 +19,16 @@ TYPES = ["Layer"] * 4
 @pytest.fixture(autouse=True)
 def no_limit(monkeypatch):
     monkeypatch.delenv(MEMORY_ENVIRONMENT, raising=False)
-    use_for_this_run(RunSettings())
+    REGISTRY.settings = RunSettings()
     yield
-    use_for_this_run(RunSettings())
+    REGISTRY.settings = RunSettings()
 
 
 def test_the_flag_then_the_environment_then_the_device(monkeypatch):
     assert memory_limit() == (None, None)  # this machine's accelerator is the CPU: no limit
     monkeypatch.setenv(MEMORY_ENVIRONMENT, "1.5KiB")
     assert memory_limit() == (1536, "environment")
-    use_for_this_run(RunSettings(partition_memory_limit=2000))
+    REGISTRY.settings = RunSettings(partition_memory_limit=2000)
     assert memory_limit() == (2000, "flag")
 
 

@@ -8,10 +8,10 @@ from megatron.arguments import parse_args
 from megatron.tokenizer.tokenizer import padded_vocab_size
 from patches.formats.units import number_to_string
 from patches.profiler.allocator_trace import TRACE_DIRECTORY_VARIABLE, UNSEEN_FREE_MARK
-from patches.profiler.analytic_flops import upstream_flops_per_iteration
 from patches.profiler.files import validate_report
 from patches.profiler.printed_stages import GC_LABEL
 from patches.profiler.printer import HEADER
+from patches.to_megatron.analytic_flops import upstream_flops_per_iteration
 from tests.helpers.flags import PP2, PP2_TP2_CKPT, TINY_GPT, layout
 from tests.helpers.golden import assert_report_as_golden, assert_text_as_golden
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch, run_pretrain

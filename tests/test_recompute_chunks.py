@@ -21,13 +21,13 @@ import pytest
 
 from megatron.arguments import parse_args
 from megatron.model.gpt_model import pipeline_stage_layers, transformer_layers_per_stage
-from patches.profiler.analytic_flops import (
+from patches.profiler.files import validate_report
+from patches.to_megatron.analytic_flops import (
     gpt_flops_per_iteration,
     pipeline_recomputed_layers,
     recompute_shortfall,
     recomputed_layers,
 )
-from patches.profiler.files import validate_report
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch
 from tests.helpers.recompute_count import ranks_that_counted, recompute_calls

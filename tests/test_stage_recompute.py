@@ -19,8 +19,8 @@ from megatron.arguments import parse_args
 from megatron.model.gpt_model import pipeline_stage_layers
 from patches.formats.units import number_to_string
 from patches.partition.report_plan import PlanRequest, plan_of
-from patches.profiler.analytic_flops import gpt_flops_per_iteration, recompute_shortfall
 from patches.profiler.files import validate_report
+from patches.to_megatron.analytic_flops import gpt_flops_per_iteration, recompute_shortfall
 from tests.helpers.flags import TINY_GPT, layout
 from tests.helpers.launch import REPO, TORCHRUN, explain, launch, read_losses
 from tests.helpers.recompute_count import recompute_calls

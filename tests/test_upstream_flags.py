@@ -18,7 +18,7 @@ from megatron.optimizer_param_scheduler import OptimizerParamScheduler, Schedule
 from megatron.training import _exit_reason
 from megatron.training_log import FIELD_ORDER, IntervalStats, TrainingLogLine, throughput
 from megatron.upstream_flags import NO_OPS
-from patches.profiler.analytic_flops import upstream_flops_per_iteration
+from patches.to_megatron.analytic_flops import upstream_flops_per_iteration
 from tests.helpers.arguments import one_line_exit_2
 from tests.helpers.corpus import preprocess_demo_corpus
 from tests.helpers.launch import REPO

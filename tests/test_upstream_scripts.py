@@ -19,9 +19,9 @@ from deepspeed.accelerator import get_accelerator
 from megatron.arguments import parse_args
 from megatron.tokenizer.tokenizer import vocab_size_with_padding
 from megatron.training_log import FIELD_ORDER
-from patches.profiler.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from patches.profiler.files import validate_report
 from patches.profiler.printer import HEADER
+from patches.to_megatron.analytic_flops import gpt_flops_per_iteration, upstream_flops_per_iteration
 from tests.helpers.corpus import (
     SENTENCEPIECE_PREFIX,
     demo_documents,

@@ -53,11 +53,11 @@ def doors(tmp_path_factory):
         "--train-iters", "3", "--checkpoint-activations", "--profile-flops-step", "2"])
     section = _walked(tmp_path_factory, "section", SCRIPTS / "plain_pipeline.py", 3, [], PIPELINE_SECTION)
     engine = _walked(tmp_path_factory, "engine", SCRIPTS / "plain_engine.py", 2, [], ENGINE_SECTION)
-    user = _walked(tmp_path_factory, "user", SCRIPTS / "user_flops_profiler.py", 2, ["every", "."], USER_CONFIG)
+    user = _walked(tmp_path_factory, "user", SCRIPTS / "user_flops_profiler.py", 2, ["print", "."], USER_CONFIG)
     return [Door("fork", "The fork's `--profile-flops-step`", fork),
             Door("section", "The config section on a `PipelineEngine`", section),
             Door("engine", "The config section on a plain `DeepSpeedEngine`", engine),
-            Door("user", "The user's own `FlopsProfiler(model[0])` code", user)]
+            Door("user", "The user's own `FlopsProfiler(model[0])` code (start, train_batch, print, end)", user)]
 
 
 def measured_walk(doors, upstream_block):

@@ -7,7 +7,7 @@
 # from wheels in ./.whl when that folder exists (an offline machine), else from the package registry.
 # Then, on CUDA with NCCL and bf16, a GPT of 8 layers x 1024 wide (sequence 1024, micro-batch 4, 4 micro-batches):
 #   1. a one-stage pipeline on one GPU, iteration 3 profiled: the report's fwd, bwd and recompute FLOPs and
-#      params are checked against the hand count (patches.profiler.analytic_flops, exact), and the profiled
+#      params are checked against the hand count (patches.to_megatron.analytic_flops, exact), and the profiled
 #      iteration's time is compared with the median of the unprofiled ones of the same run;
 #   2. a two-stage pipeline when two GPUs exist, the same checks.
 # Prints one line per check and exits non-zero on the first failed one.

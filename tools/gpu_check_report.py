@@ -2,7 +2,7 @@
 
     python tools/gpu_check_report.py NAME LOG REPORT_JSON <the run's model flags>
 
-Forward and recompute FLOPs and params must equal the exact formula (patches.profiler.analytic_flops, the
+Forward and recompute FLOPs and params must equal the exact formula (patches.to_megatron.analytic_flops, the
 Megatron-LM count at 2 FLOPs a multiply-add); the backward is printed with its ratio to twice the forward,
 since fused attention kernels recompute their scores in backward (counted as executed). The overhead is
 the profiled iteration's `elapsed time per iteration` over the median of the unprofiled iterations after
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.model.gpt_model import pipeline_stage_layers  # noqa: E402
 from megatron.tokenizer.tokenizer import padded_vocab_size  # noqa: E402
-from patches.profiler.analytic_flops import gpt_flops_per_iteration  # noqa: E402
+from patches.to_megatron.analytic_flops import gpt_flops_per_iteration  # noqa: E402
 
 ITERATION_TIME = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
 PROFILED_STEP = 3

@@ -102,7 +102,7 @@ def transformer_layers_per_stage(args):
 
 
 def pipeline_stage_layers(args):
-    """Each pipeline stage's layers in order, as patches.profiler.analytic_flops reads them (a transformer layer
+    """Each pipeline stage's layers in order, as patches.to_megatron.analytic_flops reads them (a transformer layer
     as its number 1..L, the others by name); one stage under --no-pipeline-parallel."""
     stages = 1 if args.no_pipeline_parallel else args.pipeline_model_parallel_size
     boundaries, _ = stage_boundaries(args, stages)

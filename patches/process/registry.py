@@ -32,25 +32,17 @@ class RunSettings:
 class Registry:
     applied: bool = False  # patches.apply() ran
     megatron_patched: bool = False  # patches.to_megatron.megatron_upstream.install() ran
+    # what the flags ask of every pipeline this process builds from now on (megatron_flags.take_profiler_flags)
     settings: RunSettings = field(default_factory=RunSettings)
     engines_built: int = 0
     pipeline_modules_built: int = 0
-    # PipelineModule -> weak reference to its PipelineEngine (weak both ways: an engine holds its module)
+    # PipelineModule -> weak reference to its PipelineEngine (weak both ways: an engine holds its module), set by
+    # flops_profiler_class.engine_built
     engine_of_module: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     attachments: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # profiler/attachment.EngineAttachment
 
 
 REGISTRY = Registry()
-
-
-def use_for_this_run(settings: RunSettings) -> None:
-    """What the flags ask of every pipeline this process builds from now on (megatron_flags.take_profiler_flags)."""
-    REGISTRY.settings = settings
-
-
-def register_pipeline(engine: PipelineEngine) -> None:
-    """Remember which engine `engine.module` belongs to (weakly)."""
-    REGISTRY.engine_of_module[engine.module] = weakref.ref(engine)
 
 
 def pipeline_engine_of(model: object, ds_engine: object = None) -> Optional[PipelineEngine]:

@@ -73,17 +73,19 @@ class ProfilerAPI:
     def hold(self, report: dict) -> None:
         """Show `report`, built elsewhere (the config section's), until the next start_profile."""
         self._source = HeldReport(report)
-        self._set_attributes()
+        self._set_attributes(report)
 
     # ------------------------------------------------------------------ the report
     def get_report(self, profile_step: Optional[int] = None) -> dict:
         """The schema's dict. Collective where the source is (PipelineFlopsProfiler: every rank calls it)."""
         report = self._source.report(profile_step)
-        self._set_attributes()
+        self._set_attributes(report)
         return report
 
-    def _set_attributes(self):
-        self.flops, self.macs, self.params = self.get_total_flops(), self.get_total_macs(), self.get_total_params()
+    def _set_attributes(self, report: dict) -> None:
+        """DeepSpeed's attributes, from the report just built."""
+        flops, self.params, _ = _report_totals(report)
+        self.flops, self.macs = flops, _macs(flops)
 
     # DeepSpeed's meaning: forward FLOPs, MACs and forward duration of the profiled model, and its params.
     # Once a report is built (after the profiled step), they are the whole-model values, the same on every
@@ -91,18 +93,14 @@ class ProfilerAPI:
     # gather, so one rank may call them alone.
     def _totals(self):
         report = self._source.ready()
-        if report is not None:
-            totals = report["totals"]
-            return totals["fwd_flops"], totals["params"], totals["fwd_latency_s"]
-        return self.measurement.local_totals()
+        return _report_totals(report) if report is not None else self.measurement.local_totals()
 
     def get_total_flops(self, as_string: bool = False) -> Union[int, str]:
         flops = self._totals()[0]
         return _with_unit(number_to_string(flops), "FLOPS") if as_string else flops
 
     def get_total_macs(self, as_string: bool = False) -> Union[int, str]:
-        """Matrix work is 2 FLOPs per multiply-accumulate, so MACs are half the forward FLOPs."""
-        macs = self._totals()[0] // 2
+        macs = _macs(self._totals()[0])
         return _with_unit(number_to_string(macs), "MACs") if as_string else macs
 
     def get_total_params(self, as_string: bool = False) -> Union[int, str]:
@@ -126,7 +124,7 @@ class ProfilerAPI:
             if not warned_not_built(error, "no report"):
                 raise
             return None
-        self._set_attributes()
+        self._set_attributes(report)
         return report
 
     def print_model_profile(self, profile_step: Optional[int] = None, module_depth: int = -1, top_modules: int = 1,
@@ -159,6 +157,17 @@ class ProfilerAPI:
 
         return any(getattr(m, "enable_expert_tensor_parallelism", False)
                    for m in self.engine.module.modules() if isinstance(m, MoE))
+
+
+def _report_totals(report: dict):
+    """(forward FLOPs, params, forward latency) of a built report: the whole model's."""
+    totals = report["totals"]
+    return totals["fwd_flops"], totals["params"], totals["fwd_latency_s"]
+
+
+def _macs(flops: int) -> int:
+    """Matrix work is 2 FLOPs per multiply-accumulate, so MACs are half the forward FLOPs."""
+    return flops // 2
 
 
 def _with_unit(text, unit):

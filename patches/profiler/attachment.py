@@ -2,7 +2,7 @@
 
 The class-level wrappers of the engine's methods (patches/to_deepspeed/engine_methods.py,
 patches/to_deepspeed/pipeline_timers.py) read it to know what runs on this engine; the doors write to it what they
-bring (a schedule, a run description); a measurement puts itself there while it is attached. It holds no
+bring (a run description); a measurement puts itself there while it is attached. It holds no
 behaviour: whoever acts on an engine reads it and calls down.
 """
 from dataclasses import dataclass, field
@@ -57,9 +57,10 @@ class EngineAttachment:
     # The DeepSpeed config's flops_profiler section (flops_profiler_config.SectionDoor), where it serves this
     # engine: None where it is off, or where a training loop's --profile-flops-step took the engine over.
     section: Optional[IterationRunner] = None
-    # What the training loop knows of its run (the Megatron door's describe): for the reports it does not ask for
-    # itself (the config section's, the user's FlopsProfiler code's). None: a run nothing is known of.
-    describe: Optional[Callable[[DeepSpeedEngine], RunDescription]] = None
+    # What the training loop says of the iteration it runs (the Megatron door's description, set as the iteration
+    # starts), for the reports built of it, its own and those it does not ask for itself (the config section's,
+    # the user's FlopsProfiler code's). None: a run nothing is known of.
+    run: Optional[RunDescription] = None
     # The gloo groups of this engine's reports (gather.ReportGroups), made once by the first report: held here,
     # never used here (the report's gather reads them; the clean exit lets them go).
     report_groups: Optional[object] = None

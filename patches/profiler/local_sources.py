@@ -126,7 +126,7 @@ class PublishedReports(_CallingRankOutput):
                 f"flops profiler: no whole-pipeline profile of step {self._step}: rank {failed[0].global_rank} "
                 f"failed building its profile entry: {failed[0].sample.failure}")
         replica = [collected.found[rank] for rank in layout.replica_ranks]
-        reference = collected.found[layout.rank_of(0, 0, 0)]
+        reference = collected.found[layout.stage_leaders[0]]  # whose clock the others are aligned to
         entries, note = [], SAME_HOST_CLOCK
         for publication in replica:
             entry = dict(publication.entry)

@@ -194,11 +194,11 @@ def print_report(source: ReportSource, step: Optional[int] = None, output_file: 
 
 
 def describe_run(measurement: StageMeasurement) -> RunDescription:
-    """What the training loop that trains the measured engine says of its run (its door's describe, on the engine's
-    attachment), else UNDESCRIBED: for the reports that loop does not ask for itself (the config section's, the
-    user's own FlopsProfiler code's, PipelineFlopsProfiler's without a run)."""
-    describe = measurement.attachment.describe
-    return describe(measurement.engine) if describe is not None else UNDESCRIBED
+    """What the training loop that trains the measured engine says of the iteration it runs (its door's
+    description, on the engine's attachment), else UNDESCRIBED: for the reports that loop does not ask for itself
+    (the config section's, the user's own FlopsProfiler code's, PipelineFlopsProfiler's without a run)."""
+    run = measurement.attachment.run
+    return run if run is not None else UNDESCRIBED
 
 
 def warn_on_rank_0(line: str) -> None:

@@ -14,7 +14,8 @@ Each runs DeepSpeed's own method and asks the engine's attachment (profiler/atta
   2. else, where the config section serves the engine, its iteration runs through the section's schedule
      (flops_profiler_config.SectionDoor), which may attach a measurement for it;
   3. else DeepSpeed's method alone.
-  An engine built before patches.apply() has no attachment until something attaches to it, and runs 3.
+  An engine built before patches.apply() gets its attachment at its first call of these (attachment_of), and
+  runs 3.
 """
 import contextlib
 import functools
@@ -23,7 +24,7 @@ from typing import Any, Callable, ContextManager, Sequence
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from patches.profiler.attachment import EngineAttachment, attached, attachment_of
+from patches.profiler.attachment import EngineAttachment, attachment_of
 
 WHAT_IT_FIXES = "the profiler's view of every engine's iterations"
 
@@ -69,9 +70,7 @@ def install(when_built: Sequence[Callable[[DeepSpeedEngine, EngineAttachment], N
 def _train_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def train_batch(self, *args, **kwargs):
-        attachment = attached(self)
-        if attachment is None:
-            return original(self, *args, **kwargs)
+        attachment = attachment_of(self)
         run = functools.partial(_measured_train_batch, attachment, original, self, args, kwargs)
         if attachment.measurement is None and attachment.section is not None:
             return attachment.section.run_batch(self, run)
@@ -102,8 +101,8 @@ def _plain_engine_method(original: Callable[..., Any], instruction: str, opens_i
     instruction, which its measurement times already: it runs as it is."""
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        attachment = attached(self)
-        if attachment is None or attachment.runs_a_schedule:
+        attachment = attachment_of(self)
+        if attachment.runs_a_schedule:
             return original(self, *args, **kwargs)
         section = attachment.section
         if opens_iteration and section is not None:

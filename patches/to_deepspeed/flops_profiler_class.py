@@ -11,10 +11,12 @@ every stage that started through the next train_batch and reports the whole pipe
 (profiler/user_code_profiler.py). Any other model (a plain module, a plain engine) gets DeepSpeed's
 FlopsProfiler, unchanged; so does get_model_profile.
 """
+import weakref
+
 from deepspeed.profiling.flops_profiler.profiler import FlopsProfiler
 
 from patches.process import store
-from patches.process.registry import pipeline_engine_of, register_pipeline
+from patches.process.registry import REGISTRY, pipeline_engine_of
 from patches.profiler.attachment import EngineAttachment
 from patches.profiler.user_code_profiler import UserCodeFlopsProfiler
 
@@ -34,7 +36,7 @@ def install():
 def engine_built(engine, attachment: EngineAttachment):
     """A PipelineEngine's module is known to be its own (FlopsProfiler(model[0].module) profiles the engine)."""
     if attachment.runs_a_schedule:
-        register_pipeline(engine)
+        REGISTRY.engine_of_module[engine.module] = weakref.ref(engine)  # weakly: the engine holds its module
 
 
 def _pipeline_aware_new(cls, model=None, ds_engine=None, *args, **kwargs):

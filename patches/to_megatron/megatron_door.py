@@ -10,9 +10,10 @@ Every iteration runs through the door's profile schedule (profiler/one_step.py):
 every rank, N-1 counts its FLOPs, the others are timed for the unprofiled baseline. N's report waits for the
 STEADY_AFTER unprofiled iterations after N (its baseline: a run profiled early has only warm-up before N), or
 for the run's last iteration, or for the loop's end (finish()), whichever comes first. The door takes the engine
-over on its first iteration: its attachment (profiler/attachment.py) gets the run's `describe`, so that the
-reports this loop does not ask for itself (the config section's, the user's own FlopsProfiler code's) describe
-the run as well; and with --profile-flops-step the config section stays out of the engine. The profiled
+over on its first iteration: its attachment (profiler/attachment.py) gets the run's description (again at every
+iteration of a run whose shapes change), so that the reports this loop does not ask for itself (the config
+section's, the user's own FlopsProfiler code's) describe the run as well; and with --profile-flops-step the config
+section stays out of the engine. The profiled
 iteration's report is delivered by FileOutput: printed on global rank 0, flops_profile_stepN.json,
 pipeline_trace_stepN.json and the page flops_profile_stepN.html written, TensorBoard scalars where the rank has a
 writer.
@@ -25,7 +26,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from patches.page import write_profile_page
 from patches.profiler.attachment import attachment_of
-from patches.profiler.context import RunDescription
+from patches.profiler.context import UNDESCRIBED, RunDescription
 from patches.profiler.files import write_json, write_tensorboard_scalars, write_trace
 from patches.profiler.one_step import STEADY_AFTER, ProfileSchedule
 from patches.profiler.sources import GatheredReports, ReportWriteError, print_report, warn_on_rank_0, warned_not_built
@@ -84,7 +85,8 @@ class MegatronRun(Protocol):
     """What a Megatron tree tells the door of its run: each tree keeps only what is its own."""
     tensorboard_writer: Any  # the rank's writer, or None
 
-    def describe(self, engine: DeepSpeedEngine) -> RunDescription: ...  # asked when a report is built
+    # asked at the first iteration, and at every one where the shapes change (curriculum: the iteration's length)
+    def describe(self, engine: DeepSpeedEngine) -> RunDescription: ...
     def shapes_change(self) -> Optional[str]: ...  # why its iterations differ in shape (curriculum), or None
     def announce(self, announcement: str) -> None: ...  # the start-up line, through the tree's own log
 
@@ -97,14 +99,16 @@ class MegatronDoor:
         train_iters). run: the tree's adapter. first_done: the iterations done before this run (a resumed run's).
         Where an iteration is profiled, the run announces it (`announcement`: the start-up line's words)."""
         self.profile_step = args.profile_flops_step
+        shapes_change = run.shapes_change()
         self.schedule = ProfileSchedule(self.profile_step, counting=args.profile_flops_counting,
-                                        shapes_change=run.shapes_change(),
+                                        shapes_change=shapes_change,
                                         last_iteration=getattr(args, "train_iters", None), settle=STEADY_AFTER,
                                         first_done=first_done)
         self.announcement = (f"iteration {self.profile_step} will be profiled on every stage"
                              f"{self.schedule.announcement}" if self.profile_step is not None else None)
         self.output = FileOutput(args.profile_flops_output, run.tensorboard_writer)
         self.describe = run.describe
+        self.describes_each_iteration = shapes_change is not None
         if self.announcement is not None:
             run.announce(self.announcement)
 
@@ -112,13 +116,22 @@ class MegatronDoor:
         """Run one iteration (train_step) through the schedule; the profiled one's report is delivered here.
         Collective on the profiled iteration: every rank runs the same iterations through its door."""
         attachment = attachment_of(engine)
-        attachment.describe = self.describe
+        if attachment.run is None or self.describes_each_iteration:
+            attachment.run = self._described(engine)
         if self.profile_step is not None:
             attachment.section = None  # --profile-flops-step takes precedence over the config section
         result, profiled = self.schedule.run(engine, attachment, iteration, train_step)
         if profiled is not None:
             self.output.deliver(profiled, profiled.step)
         return result
+
+    def _described(self, engine: DeepSpeedEngine) -> RunDescription:
+        """The run's description; one that fails is a warning and a report without its lines, never the run's end."""
+        try:
+            return self.describe(engine)
+        except Exception as error:
+            warn_on_rank_0(f"FLOPs profiler: the run is not described in its report ({type(error).__name__}: {error})")
+            return UNDESCRIBED
 
     def finish(self) -> None:
         """The loop has ended (collective: every rank's loop ends at the same iteration): a report still waiting

@@ -143,15 +143,15 @@ def take_profiler_flags(args: Namespace, on_deepspeeds_pipeline: bool,
     every PipelineModule, whatever its partition_method (upstream's --pp-partition-from-profile; our fork names it
     in the partition_method it builds with)."""
 
-    from patches.process.registry import RunSettings, use_for_this_run
+    from patches.process.registry import REGISTRY, RunSettings
 
     if on_deepspeeds_pipeline:
         block_recompute_as_stage_counts(args)
     check_profiler_flags(args)
-    use_for_this_run(RunSettings(
+    REGISTRY.settings = RunSettings(
         partition_report=partition_report, partition_memory_limit=memory_limit_of(args),
         drop_optimizer_state_across_partitions=bool(getattr(args, "no_load_optim", False)),
-        recompute_layers=getattr(args, "pp_recompute_layers", None)))
+        recompute_layers=getattr(args, "pp_recompute_layers", None))
 
 
 def unwritable_directory(path: str) -> Optional[str]:

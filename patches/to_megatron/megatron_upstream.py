@@ -43,9 +43,8 @@ def install(argv: List[str]) -> None:
     REGISTRY.megatron_patched = True
     clean_exit.at_exit()  # before the script runs: after the handlers the run registers itself, it runs
     run = UpstreamRun(any(arg == PROFILE_STEP_FLAG or arg.startswith(PROFILE_STEP_FLAG + "=") for arg in argv))
-    after_import("megatron.arguments", run.patch_parse_args)
-    after_import("megatron.training", run.patch_train_step)
-    after_import(WEIGHT_GRAD_STORE, run.patch_weight_grad_store)
+    for module_name in run.patches:
+        after_import(module_name, run.patch)
 
 
 def _profiles_itself() -> bool:
@@ -70,6 +69,14 @@ class UpstreamRun:
         self.profile_step_requested = profile_step_requested
         self.door = None
         self.trained = None  # weakref.ref to model[0], the engine train_step trains
+        # what each module of upstream's gets, as it is imported
+        self.patches = {"megatron.arguments": self.patch_parse_args, "megatron.training": self.patch_train_step,
+                        WEIGHT_GRAD_STORE: self.patch_weight_grad_store}
+
+    def patch(self, module: ModuleType) -> None:
+        """`module` is imported: its patch, unless this Megatron profiles through the patch set itself."""
+        if not _profiles_itself():
+            self.patches[module.__name__](module)
 
     def missing(self, what: str, module: ModuleType) -> None:
         """One line naming the upstream part not found; exit 2 when --profile-flops-step needs it."""
@@ -82,8 +89,6 @@ class UpstreamRun:
 
     # ------------------------------------------------------------ the flags
     def patch_parse_args(self, module: ModuleType) -> None:
-        if _profiles_itself():
-            return
         original = getattr(module, "parse_args", None)
         if not callable(original) or "extra_args_provider" not in inspect.signature(original).parameters:
             self.missing("megatron.arguments.parse_args(extra_args_provider, ...)", module)
@@ -92,8 +97,6 @@ class UpstreamRun:
 
     # ------------------------------------------------------------ the profiled iteration
     def patch_train_step(self, module: ModuleType) -> None:
-        if _profiles_itself():
-            return
         original = getattr(module, "train_step", None)
         if not callable(original) or \
                 list(inspect.signature(original).parameters)[:len(TRAIN_STEP_LEADING_PARAMETERS)] \
@@ -122,7 +125,7 @@ class UpstreamRun:
             # iterations the report compares with on the clock the profiled one is timed on.
             iteration = _iteration_being_run(megatron_args)
             return self.door_of(megatron_args, global_vars, iteration, say).train_step(
-                engine, iteration, lambda: original(*args, **kwargs))
+                engine, iteration, functools.partial(original, *args, **kwargs))
 
         _replace(module, "train_step", original, train_step)
         train = getattr(module, "train", None)
@@ -165,8 +168,6 @@ class UpstreamRun:
         outside autograd. Handed over to the trained engine's measurement as that linear's deferred backward work,
         its FLOPs and time are the linear's backward, as under 1F1B (without this, the stage's). Absent or unlike
         upstream's: left alone."""
-        if _profiles_itself():
-            return
         store = getattr(module, "WeightGradStore", None)
         put = inspect.getattr_static(store, "put", None) if store is not None else None
         if not isinstance(put, classmethod):

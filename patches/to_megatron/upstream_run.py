@@ -69,8 +69,8 @@ def describe_run(args: Namespace, engine):
 
 
 def _described(args: Namespace, engine):
-    from patches.profiler.analytic_flops import gpt_run_description
     from patches.profiler.context import RunDescription
+    from patches.to_megatron.analytic_flops import gpt_run_description
 
     view, stage_layers = _analytic_view(args, engine)
     if getattr(args, "random_ltd", False) or getattr(args, "data_efficiency_curriculum_learning", False):

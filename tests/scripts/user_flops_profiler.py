@@ -8,6 +8,8 @@ from the same seed, so that each trains as it would alone.
 
 MODE "every": start_profile() on every rank before the profiled train_batch; print_model_profile and
               end_profile() on the last stage's rank only (the user's report).
+MODE "print": the code of a user's report of an empty pipeline profile: start_profile() on every rank;
+              print_model_profile(profile_step) and end_profile() on the last stage's rank only (the walk's door).
 MODE "stage0": start_profile() on stage 0's rank only; stage 0 prints (stage 1 must be named, not waited on).
 MODE "none": no profiler (the reference losses).
 MODE "unstarted": PipelineFlopsProfiler started on rank 0 only, get_report() on every rank (collective): both
@@ -73,7 +75,7 @@ def pipeline_run(mode, out_dir, config):
         profiled = engine.global_steps == PROFILED_BATCH
         if profiled:
             facts["before_profiled_batch"] = leftovers(engine)
-        if profiled and (mode in ("every", "write_error") or (mode in ("stage0", "unstarted") and rank == 0)):
+        if profiled and (mode in ("every", "print", "write_error") or (mode in ("stage0", "unstarted") and rank == 0)):
             prof.start_profile()
         loss = engine.train_batch(data_iter=data)
         facts["losses"].append(loss.item().hex())
@@ -91,8 +93,8 @@ def pipeline_run(mode, out_dir, config):
             except OSError as error:
                 facts["write_error"] = str(error)
             prof.end_profile()
-        printer = last_stage if mode == "every" else engine.stage_id == 0
-        if profiled and mode in ("every", "stage0") and printer:
+        printer = last_stage if mode in ("every", "print") else engine.stage_id == 0
+        if profiled and mode in ("every", "print", "stage0") and printer:
             started = time.perf_counter()
             prof.print_model_profile(profile_step=PROFILED_BATCH + 1)
             facts["print_s"] = time.perf_counter() - started
