@@ -8,7 +8,7 @@ is judged against launches already made, without launching again.
 For each case (the kept directories named CASE_start_none and CASE_start_all, the runs without and with every
 layer recomputed), each launch of its first round (and the starting runs themselves): the parts and the recompute
 per stage it ran (its report's current_parts and the layers' recompute FLOPs), each stage's peak predicted from
-each starting run (report_plan.recompute_what_if) against its own measured peak, as predicted / measured - 1.
+each starting run (report_recompute.recompute_what_if) against its own measured peak, as predicted / measured - 1.
 """
 import argparse
 import json
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from recompute_proof import ran_counts
 
-from patches.partition.report_plan import recompute_what_if
+from patches.partition.report_recompute import recompute_what_if
 
 
 def report_in(directory: Path):
@@ -25,22 +25,26 @@ def report_in(directory: Path):
     return json.loads(found[0].read_text()) if found else None
 
 
+def kept_cases(description: str):
+    """(the --keep directory named on the command line, its cases: each CASE with a CASE_start_all directory)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("kept", type=Path, help="the --keep directory of bench/recompute_proof.py")
+    kept = parser.parse_args().kept
+    cases = sorted(path.name[:-len("_start_all")] for path in kept.glob("*_start_all"))
+    if not cases:
+        sys.exit(f"error: no CASE_start_all directory in {kept}: give bench/recompute_proof.py's --keep DIR")
+    return kept, cases
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kept", type=Path, help="the --keep directory of bench/recompute_proof.py")
-    args = parser.parse_args()
-    cases = sorted(path.name[:-len("_start_all")] for path in args.kept.glob("*_start_all"))
-    if not cases:
-        sys.exit(f"error: no CASE_start_all directory in {args.kept}: give bench/recompute_proof.py's --keep DIR")
+    kept, cases = kept_cases(__doc__.splitlines()[0])
     errors = []
     print("| case | launch | parts | recompute per stage | each stage's peak error, from the run without recompute "
           "| from the run with every layer recomputed |\n|---|---|---|---|---|---|")
     for case in cases:
-        starts = [report_in(args.kept / f"{case}_start_{kind}") for kind in ("none", "all")]
-        launches = sorted(args.kept.glob(f"{case}_*_round0")) + \
-            [args.kept / f"{case}_start_{kind}" for kind in ("none", "all")]
+        starts = [report_in(kept / f"{case}_start_{kind}") for kind in ("none", "all")]
+        launches = sorted(kept.glob(f"{case}_*_round0")) + \
+            [kept / f"{case}_start_{kind}" for kind in ("none", "all")]
         for directory in launches:
             report = report_in(directory)
             if report is None:

@@ -53,7 +53,8 @@ import partition_proof as proof
 import partition_speedup as speedup
 from harness import machine
 
-from patches.partition.report_plan import PlanRequest, plan_of, recomputable_rows, recompute_what_if
+from patches.partition.report_plan import PlanRequest, plan_of
+from patches.partition.report_recompute import recomputable_rows, recompute_what_if
 
 CHECKPOINT = ["--checkpoint-activations"]
 START_STEP = 3

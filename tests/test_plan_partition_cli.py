@@ -9,7 +9,8 @@ import pytest
 from patches.cli.plan_partition import main
 from patches.partition.memory_model import memory_terms_of, predict_peaks
 from patches.partition.plan_lines import plan_line
-from patches.partition.report_plan import PlanRequest, plan_of, recompute_what_if
+from patches.partition.report_plan import PlanRequest, plan_of
+from patches.partition.report_recompute import recompute_what_if
 from tests.helpers.golden import GOLDEN
 
 REPORT = GOLDEN / "fork.report.json"

@@ -12,7 +12,8 @@ import pytest
 from patches.cli import plan_partition, profile_page
 from patches.page import write_profile_page
 from patches.page.content import page_content
-from patches.partition.report_plan import PlanRequest, plan_of, recompute_what_if
+from patches.partition.report_plan import PlanRequest, plan_of
+from patches.partition.report_recompute import recompute_what_if
 from tests.helpers.browser import browser, opened
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "fork.report.json"
@@ -92,6 +93,29 @@ def test_the_what_if_is_the_planners_on_random_choices(golden_page, report):
         assert recomputed["predicted_iter_s"] == what_if["predicted_iter_s"]
         assert recomputed["predicted_change"] == what_if["predicted_change"]
         assert recomputed["predicted_peak_bytes"] == what_if["predicted_peak_bytes"]
+
+
+def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, tmp_path):
+    """A CPU run whose ranks shared too few CPUs (the plan's basis.shared_cpus): the page's what-if is the planner's
+    with the host's work as the floor, to the last digit."""
+    shared = copy.deepcopy(report)
+    shared["partition_plan"]["basis"]["shared_cpus"] = {"cpus": 1, "ranks": 4, "threads": 1, "ranks_per_stage": 2,
+                                                        "share": 0.75}
+    path = tmp_path / "flops_profile_step2.json"
+    path.write_text(json.dumps(shared))
+    assert profile_page.main([str(path)]) == 0
+    choices = random_choices(shared, 12, seed=2)
+    with opened(chromium, path.with_suffix(".html")) as page:
+        computed = page.page.evaluate(
+            """choices => { const p = window.profilePage, model = p.pages[0].what_if;
+                 return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
+                                                          p.predictWhatIf(model, parts, counts)]); }""", choices)
+        assert page.console_errors == []
+    for (parts, counts), (plain, recomputed) in zip(choices, computed):
+        assert plain["predicted_iter_s"] == plan_of(shared, PlanRequest(parts=parts))["predicted_iter_s"]
+        assert recomputed["predicted_iter_s"] == recompute_what_if(shared, parts, counts)["predicted_iter_s"]
+    unshared = plan_of(report, PlanRequest(parts=choices[0][0]))["predicted_iter_s"]
+    assert computed[0][0]["predicted_iter_s"] != unshared  # the floor bound here
 
 
 def test_typed_in_the_page_prints_what_the_command_prints(golden_page, report, capsys):

@@ -24,7 +24,8 @@ from patches.partition.memory_model import memory_terms_of
 from patches.partition.plan_lines import no_fit_line, plan_line, recompute_what_if_line, what_if_line
 from patches.partition.recompute import parse_recompute_layers
 from patches.partition.report_file import read_report
-from patches.partition.report_plan import PlanRequest, plan_of, recompute_what_if
+from patches.partition.report_plan import PlanRequest, plan_of
+from patches.partition.report_recompute import recompute_what_if
 from patches.process.errors import PatchConfigError
 
 # as the Megatron flag (patches/to_megatron/megatron_flags.py) spells it

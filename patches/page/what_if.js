@@ -1,10 +1,11 @@
 // The planner's model (patches/partition/what_if.py): the same terms, the same formulas, sums in the same order, so
 // that a what-if here is megatron-plan-partition's --parts (and --recompute) to the last digit.
-function modelIterS(stageS, microBatches) {  // planner.model_iter_s
+function modelIterS(stageS, microBatches, cpuFloor) {  // planner.model_iter_s
   const perMicroBatch = stageS.map((seconds) => seconds / microBatches);
   let sum = 0;
   for (const value of perMicroBatch) sum += value;
-  return sum + (microBatches - 1) * Math.max(...perMicroBatch);
+  const pipeline = sum + (microBatches - 1) * Math.max(...perMicroBatch);
+  return cpuFloor == null ? pipeline : Math.max(pipeline, cpuFloor * directSum(stageS));  // SharedCpus.floor_s
 }
 
 function floorDiv(a, b) {  // Python's // on integers, exact (BigInt) and rounding down for negatives too
@@ -76,7 +77,7 @@ function predictWhatIf(model, parts, counts) {
       }
     }
   }
-  const modelled = modelIterS(stageS, micro);
+  const modelled = modelIterS(stageS, micro, model.cpu_floor);
   const predicted = withRecompute ? modelled + model.measured_iter_s - model.ran_model_s
                                   : modelled + (model.measured_iter_s - model.ran_model_s);
   return {parts: parts.slice(), counts: withRecompute ? counts.slice() : null, stage_s: stageS,

@@ -88,11 +88,22 @@ def basis_words(basis: Optional[dict]) -> str:
     """'' for a plan without a basis (a report from before it); else how sure its times are, in a few words."""
     if not basis:
         return ""
+    cpus = _shared_cpus_words(basis.get("shared_cpus"))
     if basis.get("note"):
-        return f" (unsure: {basis['note']})"
+        return f" (unsure: {basis['note']}{cpus})"
     iterations = basis["iterations"]
     spread = f", spread {100 * basis['spread']:.1f}%" if basis.get("spread") is not None else ""
-    return f" (over iterations {', '.join(map(str, iterations))}{spread})"
+    return f" (over iterations {', '.join(map(str, iterations))}{spread}{cpus})"
+
+
+def _shared_cpus_words(shared: Optional[dict]) -> str:
+    """'' unless the run's ranks shared too few CPUs (planner.SharedCpus); then how much they waited, and the floor."""
+    if not shared:
+        return ""
+    threads = f"{shared['threads']} thread{'s' if shared['threads'] > 1 else ''}"
+    return (f"; {shared['ranks']} ranks of {threads} on {shared['cpus']} CPUs ran {100 * shared['share']:.0f}% of "
+            "their compute time, waiting for a core the rest: no iteration is predicted shorter than the host's work "
+            "over its CPUs")
 
 
 def spread_words(plan: dict) -> str:

@@ -15,7 +15,9 @@ glue). The plan:
    one micro-batch crosses every stage forward and backward, and the other m - 1 follow at the pace of the
    slowest stage: model(t) = sum(t_s) + (m - 1) * max(t_s). What the model leaves out (messages, the
    optimizer step, loading data) is the measured iteration's time minus the model of the partition that
-   ran, and is added unchanged: predicted = model(new) + (measured - model(current)).
+   ran, and is added unchanged: predicted = model(new) + (measured - model(current)). Where a CPU run's ranks
+   share fewer CPUs than they run threads (SharedCpus, measured), a stage's time holds its waits for a core,
+   and the host must do every stage's work whatever the cut: model(t) is no less than that work over its CPUs.
 
 Under a memory limit (a report with memory terms, memory_model.py), the partition is the best of those whose every
 stage's predicted peak is within the limit (memory_bounded_parts): a stage's peak depends only on its layers and
@@ -25,7 +27,7 @@ those, with by how much it exceeds.
 
 The plan of a saved report is report_plan.py's; its lines, plan_lines.py's.
 """
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 DEVICE = "device"  # a limit's source: the accelerator's total memory (the others: 'flag', 'environment')
@@ -135,19 +137,51 @@ def memory_bounded_parts(costs: Sequence[float], stages: int, overheads: Optiona
     return parts, least - limit
 
 
-def model_iter_s(stage_s: Sequence[float], micro_batches: int) -> float:
-    """DeepSpeed's 1F1B: one micro-batch through every stage, the other m - 1 at the slowest stage's pace."""
+@dataclass(frozen=True)
+class SharedCpus:
+    """A CPU run whose ranks share fewer CPUs than they run threads (measured: profiler/shared_cpus.py): a stage's
+    measured time holds its waits for a core, and however the layers are cut, the host's CPUs must do all their
+    work. `share` of the stages' compute time they were running, the rest waiting for a core."""
+    cpus: int  # the CPUs the host's ranks may run on (the same for each)
+    ranks: int  # the job's ranks on the host
+    threads: int  # torch's threads per rank
+    ranks_per_stage: int  # tensor x data parallel ranks: each runs its stage's time
+    share: float
+
+    @property
+    def host_s_per_stage_s(self) -> float:
+        """The host's seconds of work over its CPUs for each second of a stage's measured time."""
+        return self.share * self.threads * self.ranks_per_stage / self.cpus
+
+    def floor_s(self, stage_s: Sequence[float]) -> float:
+        """The host's work for these stages over its CPUs: no iteration is shorter."""
+        return self.host_s_per_stage_s * sum(stage_s)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def of_dict(cls, stored: Optional[dict]) -> Optional["SharedCpus"]:
+        """From a report's plan basis (None there: the CPUs were not shared, or a report from before they were
+        measured)."""
+        return cls(**stored) if stored else None
+
+
+def model_iter_s(stage_s: Sequence[float], micro_batches: int, cpus: Optional[SharedCpus] = None) -> float:
+    """DeepSpeed's 1F1B: one micro-batch through every stage, the other m - 1 at the slowest stage's pace; where the
+    ranks share too few CPUs (cpus), no shorter than the host's work over them."""
     per_micro_batch = [seconds / micro_batches for seconds in stage_s]
-    return sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
+    pipeline = sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
+    return max(pipeline, cpus.floor_s(stage_s)) if cpus is not None else pipeline
 
 
 def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: Sequence[float],
          measured_iter_s: float, micro_batches: int, stages: Optional[int] = None, peak: Optional[PeakOf] = None,
-         limit: Optional[int] = None) -> Plan:
+         limit: Optional[int] = None, cpus: Optional[SharedCpus] = None) -> Plan:
     """The best contiguous partition of `layers` (in index order) into `stages` (default: as many as ran), and the
     iteration time it predicts (see the module docstring). overhead_s: each stage position's compute that no
     layer accounts for, as measured (for another number of stages, see overheads_for). peak and limit: the best
-    of those whose every stage's peak is within the limit (memory_bounded_parts)."""
+    of those whose every stage's peak is within the limit (memory_bounded_parts). cpus: as model_iter_s's."""
     costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
     stages = stages or len(current_parts) - 1
     overheads = overheads_for(overhead_s, stages)
@@ -155,11 +189,12 @@ def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: 
         parts, _ = memory_bounded_parts(costs, stages, overheads, peak, limit)
     else:
         parts = balanced_parts(costs, stages, overheads)
-    return predict(layers, current_parts, overhead_s, measured_iter_s, micro_batches, parts)
+    return predict(layers, current_parts, overhead_s, measured_iter_s, micro_batches, parts, cpus)
 
 
 def predict(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: Sequence[float],
-            measured_iter_s: float, micro_batches: int, parts: Sequence[int]) -> Plan:
+            measured_iter_s: float, micro_batches: int, parts: Sequence[int],
+            cpus: Optional[SharedCpus] = None) -> Plan:
     """What the run measured (`layers` cut at `current_parts`, `measured_iter_s` an iteration) predicts for the
     same layers cut at `parts` (any number of stages), by the model of the module docstring."""
     costs = [layer.seconds for layer in sorted(layers, key=lambda layer: layer.index)]
@@ -167,9 +202,10 @@ def predict(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_
     if len(parts) < 2 or parts[0] != 0 or parts[-1] != len(costs) or any(a >= b for a, b in zip(parts, parts[1:])):
         raise ValueError(f"parts {list(parts)} do not cut {len(costs)} layers into non-empty stages")
     overheads = overheads_for(overhead_s, len(parts) - 1)
-    unmodelled = measured_iter_s - model_iter_s(_loads(costs, list(current_parts), list(overhead_s)), micro_batches)
+    unmodelled = measured_iter_s - model_iter_s(_loads(costs, list(current_parts), list(overhead_s)), micro_batches,
+                                                 cpus)
     stage_s = _loads(costs, parts, overheads)
-    predicted = model_iter_s(stage_s, micro_batches) + unmodelled
+    predicted = model_iter_s(stage_s, micro_batches, cpus) + unmodelled
     bubble = 1 - sum(stage_s) / len(stage_s) / predicted if predicted > 0 else 0.0
     return Plan(parts, stage_s, max(stage_s), predicted, bubble)
 

@@ -2,7 +2,7 @@
 per stage, the first K_s of its recomputable layers (partition/recompute.py runs it), from one measured run.
 
 A stage's time is its layers' time kept whole plus what each recomputed layer's recompute adds (both from the run
-either way: report_plan._both_ways_s), plus its position's overhead. Its peak is memory_model's with
+either way: report_recompute._both_ways_s), plus its position's overhead. Its peak is memory_model's with
 each recomputed layer keeping its checkpoint (its input) instead of its activations whole, times the micro-batches
 in flight, and the largest recomputed layer's activations alive while its backward runs, on top of the
 backward's own rise (memory_model.stage_peak). Recomputing one more

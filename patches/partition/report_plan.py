@@ -1,15 +1,15 @@
 """A saved report's plan: the partition its measured layers ask for (planner.py), under a memory limit where its
 memory terms allow (memory_model.py), as the report's `partition_plan` and megatron-plan-partition print it, with each
-stage's recompute chosen with it (recompute_plan.py). The report read from its file: report_file.py.
+stage's recompute chosen with it (report_recompute.py). The report read from its file: report_file.py.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from patches.formats.units import bytes_to_string
 from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
-from patches.partition.planner import DEVICE, LayerCost, PeakOf, model_iter_s, overheads_for, plan, predict
-from patches.partition.recompute_plan import RecomputableLayer, StageChoice, StageOptions, plan_recompute
-from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
+from patches.partition.planner import DEVICE, LayerCost, PeakOf, SharedCpus, plan, predict
+from patches.partition.report_recompute import recompute_plan_of
+from patches.partition.table import layer_seconds, parts_from_layers, shared_on_one_stage, stage_overheads
 from patches.process.errors import PatchConfigError
 
 
@@ -25,10 +25,14 @@ class Basis:
     iterations: Tuple[int, ...] = ()  # the unprofiled iterations the iteration time is the median of
     spread: Optional[float] = None  # (slowest - fastest) / median of those
     note: Optional[str] = None  # why the basis is weak (a warm-up baseline, none), or None
+    # where the run's ranks shared too few CPUs: the stages' share of their time running, which floors every
+    # prediction at the host's work over its CPUs (planner.model_iter_s); None elsewhere
+    shared_cpus: Optional[SharedCpus] = None
 
     def as_dict(self) -> dict:
         return {"time_scale": self.time_scale, "iterations": list(self.iterations), "spread": self.spread,
-                "note": self.note}
+                "note": self.note,
+                "shared_cpus": self.shared_cpus.as_dict() if self.shared_cpus is not None else None}
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,10 @@ class MeasuredRun:
     @classmethod
     def of_report(cls, report: dict) -> "MeasuredRun":
         plan = report.get("partition_plan") or {}
-        parts = plan.get("current_parts") or _parts_from_layers(report["layers"])
+        parts = plan.get("current_parts") or parts_from_layers(report["layers"])
         stored = plan.get("basis")  # None in a report from before plans had one
-        basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"]) \
-            if stored else None
+        basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"],
+                      SharedCpus.of_dict(stored.get("shared_cpus"))) if stored else None
         return cls(report["layers"], parts, plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1),
                    report["totals"]["throughput_iter_s"], report["parallelism"]["micro_batches"], basis,
                    memory_terms_of(report), (report.get("bubble") or {}).get("schedule"))
@@ -121,13 +125,14 @@ def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
     limit, source = request.limit, request.limit_source
     if peak is None and source == DEVICE:  # the device's memory is a default, not asked for: planned by time
         limit = source = None
-    best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, request.parts) if request.parts else \
-        plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit)
+    cpus = run.basis.shared_cpus if run.basis is not None else None
+    best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, request.parts, cpus) if request.parts \
+        else plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit, cpus)
     peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None
     fits = max(peaks) <= limit if peaks is not None and limit is not None else None
     change = best.predicted_iter_s / iter_s - 1
     recompute = None if request.parts else recompute_plan_of(layers, parts, scaled_overheads, iter_s, micro_batches,
-                                                              pp, run.memory, limit, run.schedule, scale)
+                                                              pp, run.memory, limit, run.schedule, scale, cpus)
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
             "measured_iter_s": iter_s, "stage_overhead_s": run.overheads, "parts": best.parts,
@@ -138,123 +143,6 @@ def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
             "memory_limit_bytes": limit, "memory_limit_source": source if limit is not None else None,
             "predicted_peak_bytes": peaks, "memory_fits": fits,
             "memory_excess_bytes": max(peaks) - limit if fits is False else None, "recompute_plan": recompute}
-
-
-def recomputable_rows(layers: List[dict]) -> List[bool]:
-    """Which layers DeepSpeed would checkpoint (PipelineModule._is_checkpointable): a GPT's transformer layers, or,
-    in a model without them, every layer with parameters; any layer that recomputed in the run."""
-    gpt = any("TransformerLayer" in row["type"] for row in layers)
-    return [bool(row["recompute_flops"]) or ("TransformerLayer" in row["type"] if gpt else row["params"] > 0)
-            for row in layers]
-
-
-def recompute_plan_of(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
-                      micro_batches: int, pp: int, memory, limit: Optional[int], schedule: Optional[str],
-                      scale: float) -> Optional[dict]:
-    """The fastest partition of `pp` stages with each stage's recompute chosen with it under `limit`
-    (recompute_plan.py), where the report has a limit, its memory terms and each layer's bytes both ways; None
-    otherwise. overheads: as measured, scaled. Its iteration is predicted as the partition plan's (the model plus
-    what it leaves out of the measured iteration)."""
-    options = recompute_options(layers, overheads, micro_batches, pp, memory, schedule, scale)
-    if limit is None or options is None:
-        return None
-    chosen = plan_recompute(options.layers, options.positions, options.overheads, limit)
-    return _recompute_dict(chosen.parts, chosen.stages, layers, parts, overheads, iter_s, micro_batches, scale,
-                           chosen.excess_bytes)
-
-
-def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: Optional[int] = None) -> dict:
-    """What the report's measured run predicts for its layers cut at `parts`, stage s recomputing its first
-    counts[s] recomputable layers (megatron-plan-partition --parts ... --recompute ...): recompute_plan's dict;
-    memory_fits against `limit` (None without one). PatchConfigError where the report cannot say (no memory terms or
-    bytes both ways, another number of counts than stages)."""
-    plan = report.get("partition_plan") or {}
-    ran = plan.get("current_parts") or _parts_from_layers(report["layers"])
-    overheads = plan.get("stage_overhead_s") or [0.0] * (len(ran) - 1)
-    scale = (plan.get("basis") or {}).get("time_scale", 1.0)
-    scaled = [overhead * scale for overhead in overheads]
-    if len(counts) != len(parts) - 1:
-        raise PatchConfigError(f"--recompute {','.join(map(str, counts))}: {len(counts)} counts for "
-                               f"{len(parts) - 1} stages")
-    options = recompute_options(report["layers"], scaled, report["parallelism"]["micro_batches"], len(parts) - 1,
-                                 memory_terms_of(report), (report.get("bubble") or {}).get("schedule"), scale)
-    if options is None:
-        raise PatchConfigError("the profile report has no bytes of its layers both ways (kept whole and as a "
-                               "checkpoint) or no memory terms: a recompute cannot be predicted from it")
-    stages = [options.choice(stage, first, stop, count)
-              for stage, (first, stop, count) in enumerate(zip(parts, parts[1:], counts))]
-    excess = max(stage.peak_bytes for stage in stages) - limit if limit is not None else None
-    return _recompute_dict(parts, stages, report["layers"], ran, scaled, report["totals"]["throughput_iter_s"],
-                           report["parallelism"]["micro_batches"], scale, excess if excess and excess > 0 else None)
-
-
-def recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,
-                       schedule: Optional[str], scale: float) -> Optional[StageOptions]:
-    """Every stage's recompute choices for `pp` stages from a report's layer table and memory terms (each position
-    told the largest layer the run recomputed there: its transient holds it already); None where the report lacks
-    each layer's bytes both ways, or cannot say for `pp` stages."""
-    if memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
-        return None
-    ran = [replace(position, recomputed_transient_bytes=_run_recompute_rise(layers, stage))
-           for stage, position in enumerate(memory[1])]
-    try:
-        positions = positions_for(ran, pp, micro_batches, schedule)
-        positions[-1] = replace(positions[-1], holds_the_loss=True)
-    except ValueError:
-        return None
-    rows = sorted(layers, key=lambda row: row["index"])
-    table = [RecomputableLayer(row["index"], *(seconds * scale for seconds in _both_ways_s(row)), recomputable,
-                               row["state_bytes"], row["kept_whole_bytes"], row["kept_as_checkpoint_bytes"])
-             for row, recomputable in zip(rows, recomputable_rows(rows))]
-    return StageOptions(table, positions, overheads_for(overheads, pp))
-
-
-def _both_ways_s(row: dict) -> Tuple[float, float]:
-    """(a layer's seconds kept whole, what recomputing it adds), from the run either way. A layer the run
-    recomputed ran its forward inside DeepSpeed's checkpoint, without autograd, and again with autograd in its
-    backward, the recompute: kept whole, its forward is one with autograd, which the recompute measured and which
-    is never faster than the same forward without autograd, so the larger of the two; recomputing it adds the
-    rest of what the run measured (the run's own total stays as measured). (In docs/benchmarks.md's recompute proof
-    the recompute took 1.14x and 1.21x the checkpointed forward; pricing the forward kept whole at the checkpointed
-    one predicted the plans from a recompute run up to 10% too fast.) A layer the run kept whole: its forward and
-    backward, and recomputing it adds about one forward."""
-    forward, backward = row["fwd_latency_s"], row["bwd_latency_s"]
-    if row["recompute_flops"]:
-        recompute = row["recompute_latency_s"]
-        return max(forward, recompute) + backward, min(forward, recompute)
-    return forward + backward, forward
-
-
-def ran_stage_s(layers: List[dict], overheads: List[float], scale: float, stages: int) -> List[float]:
-    """Each stage's load as it ran: its layers' measured seconds, scaled, and its overhead (scaled already)."""
-    return [sum(layer_seconds(row) * scale for row in layers if row["stage"] == s) + overheads[s]
-            for s in range(stages)]
-
-
-def _run_recompute_rise(layers: List[dict], stage: int) -> int:
-    """What the run's own recompute on `stage` added to its measured transient (StageOptions._rise, as it ran): the
-    largest layer it recomputed there, kept whole, less what the layers after the last recomputed one kept."""
-    held = [row for row in layers if row["stage"] == stage]
-    recomputed = [row for row in held if row["recompute_flops"]]
-    if not recomputed:
-        return 0
-    last = max(row["index"] for row in recomputed)
-    freed = sum(row["kept_whole_bytes"] for row in held if row["index"] > last)
-    return max(0, max(row["kept_whole_bytes"] for row in recomputed) - freed)
-
-
-def _recompute_dict(parts: List[int], stages: List[StageChoice], layers: List[dict], ran_parts: List[int],
-                    overheads: List[float], iter_s: float, micro_batches: int, scale: float,
-                    excess: Optional[int]) -> dict:
-    """recompute_plan's dict: its iteration predicted as the partition plan's (the model, plus what it leaves out of
-    the measured iteration: that iteration minus the model of the stages as they ran)."""
-    ran = ran_stage_s(layers, overheads, scale, len(ran_parts) - 1)
-    stage_s = [stage.seconds for stage in stages]
-    predicted = model_iter_s(stage_s, micro_batches) + iter_s - model_iter_s(ran, micro_batches)
-    return {"parts": list(parts), "recompute_layers": [stage.recomputed for stage in stages], "stage_s": stage_s,
-            "predicted_iter_s": predicted, "predicted_change": predicted / iter_s - 1,
-            "predicted_peak_bytes": [stage.peak_bytes for stage in stages],
-            "memory_fits": excess is None, "memory_excess_bytes": excess}
 
 
 def gain_within_spread(change: float, moved: bool, basis: Optional[Basis]) -> Optional[bool]:
@@ -290,8 +178,3 @@ def plan_of(report: dict, request: PlanRequest = PlanRequest()) -> dict:
             f"({run.schedule}) keeps micro-batches in flight in a way not known for them (plan for "
             f"{len(run.parts) - 1})")
     return plan_from_table(run, request)
-
-
-def _parts_from_layers(layers):
-    stages = max(row["stage"] for row in layers) + 1
-    return [min(row["index"] for row in layers if row["stage"] == s) for s in range(stages)] + [len(layers)]

@@ -68,3 +68,9 @@ def _paused_in_compute(stage: dict) -> float:
 
 def layer_seconds(row: dict) -> float:
     return row["fwd_latency_s"] + row["bwd_latency_s"] + row["recompute_latency_s"]
+
+
+def parts_from_layers(layers: List[dict]) -> List[int]:
+    """The partition that ran, read off the layer table (each stage's first layer)."""
+    stages = max(row["stage"] for row in layers) + 1
+    return [min(row["index"] for row in layers if row["stage"] == s) for s in range(stages)] + [len(layers)]

@@ -5,6 +5,7 @@ partition's (and each stage's recompute's) time and peaks are a few sums and the
     stage_s[s]   = its layers' seconds + its position's overhead (+ each recomputed layer's recompute_s)
     iteration    = model(stage_s) + measured_iter_s - model(the stages as they ran)
     model(t)     = sum(t / m) + (m - 1) * max(t / m)                                          (planner.model_iter_s)
+                   where the ranks shared too few CPUs, no less than cpu_floor * sum(t)       (SharedCpus.floor_s)
     peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, recompute transient])
 
 Without recompute terms, a layer costs `seconds` and keeps `activation_bytes` (as it ran: planner.predict and
@@ -20,7 +21,8 @@ from typing import List, Optional
 
 from patches.partition.memory_model import PositionMemory
 from patches.partition.planner import model_iter_s
-from patches.partition.report_plan import MeasuredRun, ran_stage_s, recompute_options
+from patches.partition.report_plan import MeasuredRun
+from patches.partition.report_recompute import ran_stage_s, recompute_options
 from patches.partition.table import layer_seconds
 
 
@@ -49,6 +51,7 @@ class WhatIfModel:
     positions: Optional[List[PositionMemory]]  # None: no memory terms
     recompute_terms: bool  # each layer has base_s .. checkpoint_bytes
     memory_limit_bytes: Optional[int]
+    cpu_floor: Optional[float] = None  # SharedCpus.host_s_per_stage_s; None where the ranks had CPUs enough
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,10 +80,11 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             kept.activation_bytes if kept else None, both.seconds if both else None,
             both.recompute_s if both else None, both.recomputable if both else None,
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
-    return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(ran, run.micro_batches),
+    cpus = run.basis.shared_cpus if run.basis is not None else None
+    return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(ran, run.micro_batches, cpus),
                        list(run.parts), overheads, layers,
                        _positions(run, options), options is not None,
-                       plan.get("memory_limit_bytes"))
+                       plan.get("memory_limit_bytes"), cpus.host_s_per_stage_s if cpus is not None else None)
 
 
 def _positions(run: MeasuredRun, options) -> Optional[List[PositionMemory]]:

@@ -30,6 +30,12 @@ class RankEntry:
     faults: list = field(default_factory=list)  # fail_safe.MeasurementFault.as_dict(): parts not measured, and why
     clock_offset_s: float = 0.0
     clock_error_s: float = 0.0
+    # where the rank ran (shared_cpus.py): its host, the CPUs it may run on, torch's threads, and the job's ranks on
+    # its host as its launcher counted them (None: not told)
+    host: Optional[str] = None
+    cpus: list = field(default_factory=list)
+    threads: int = 1
+    host_ranks: Optional[int] = None
 
     def as_dict(self) -> dict:
         return asdict(self)

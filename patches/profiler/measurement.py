@@ -21,9 +21,12 @@ without the mode; its module calls are then checked against the counted ones (ca
 What the measurements become (a report, gathered or read from the store) is the report sources' job
 (sources.py).
 """
+import os
+import socket
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, List, Optional, Tuple, TypeVar, Union
 
+import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -252,7 +255,7 @@ class StageMeasurement:
             counted_iteration=counted, calls_differ=list(self.calls_differ), schedule=self.hooks.schedule,
             invisible_attention=measured.invisible_attention, layers=stage_layers(module, layout.stage), parts=parts,
             memory=memory.as_dict() if memory is not None else None, gc=gc,
-            faults=[fault.as_dict() for fault in faults])
+            faults=[fault.as_dict() for fault in faults], **_where_it_ran())
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""
@@ -278,6 +281,15 @@ class StageMeasurement:
         tree = self.module_profiler.tree()
         return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
 
+
+
+def _where_it_ran() -> dict:
+    """RankEntry's host, cpus, threads and host_ranks: this host, the CPUs this process may run on, torch's threads,
+    and the job's ranks on this host as torchrun (LOCAL_WORLD_SIZE) or DeepSpeed's launcher (LOCAL_SIZE) counts them."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+    return {"host": socket.gethostname(), "cpus": cpus, "threads": torch.get_num_threads(),
+            "host_ranks": int(local) if local and local.isdigit() else None}
 
 
 def _plain(kwargs: dict) -> dict:

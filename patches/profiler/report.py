@@ -41,6 +41,7 @@ from patches.profiler.report_replica import (
 )
 from patches.profiler.report_stages import bubble_analysis, build_stage, instruction_s, schedule_span
 from patches.profiler.report_timing import perturbation, plan_basis
+from patches.profiler.shared_cpus import shared_cpus_of
 from patches.profiler.stragglers import RankSample, straggler_view
 from patches.profiler.tree_merge import merge_stage_trees
 
@@ -191,7 +192,9 @@ def build_report(rank_entries: List[dict], context: ReportContext, samples: Opti
         "stages": stages,
         "layers": layers,
         "partition_plan": partition_plan(stages, layers, plan_parts_of(replica), rate_s, int(context.micro_batches),
-                                         plan_basis(timing, paused_s), context.memory_limit_bytes,
+                                         plan_basis(timing, paused_s,
+                                                    shared_cpus_of(replica, tp, dp, context.device_name)),
+                                         context.memory_limit_bytes,
                                          context.memory_limit_source, schedule_of(replica)),
         "model_tree": model_tree,
         "stragglers": straggler_view(samples, pp, dp),

@@ -3,6 +3,7 @@
 plan's basis (`plan_basis`: the measured times scaled to the steady iterations)."""
 from typing import Optional
 
+from patches.partition.planner import SharedCpus
 from patches.partition.report_plan import Basis
 from patches.profiler.context import IterationTiming, ReportContext
 
@@ -11,19 +12,20 @@ from patches.profiler.context import IterationTiming, ReportContext
 WARMING_UP_RATIO = 1.10
 
 
-def plan_basis(timing: Optional[IterationTiming], paused_s: float = 0.0) -> Basis:
+def plan_basis(timing: Optional[IterationTiming], paused_s: float = 0.0,
+               shared_cpus: Optional[SharedCpus] = None) -> Basis:
     """What the plan's times rest on: scaled from the profiled iteration to the steady unprofiled ones where the
     baseline is steady; unscaled, and said, where it is not (warm-up alone, or none). paused_s: the garbage
     collector's pauses in the profiled iteration (the most of any stage's), out of the layers' times, and so out of
-    the profiled iteration they are scaled from."""
+    the profiled iteration they are scaled from. shared_cpus: where the ranks shared too few CPUs (shared_cpus.py)."""
     if timing is None:
-        return Basis(note="no iteration was timed unprofiled")
+        return Basis(note="no iteration was timed unprofiled", shared_cpus=shared_cpus)
     unprofiled = timing.unprofiled_iter_s
     if timing.baseline_note is not None or not unprofiled:
         return Basis(iterations=tuple(timing.unprofiled_iterations), spread=timing.unprofiled_spread,
-                     note=timing.baseline_note or "no iteration was timed unprofiled")
+                     note=timing.baseline_note or "no iteration was timed unprofiled", shared_cpus=shared_cpus)
     return Basis(unprofiled / _without_pauses(timing, paused_s), tuple(timing.unprofiled_iterations),
-                 timing.unprofiled_spread)
+                 timing.unprofiled_spread, shared_cpus=shared_cpus)
 
 
 def _without_pauses(timing, paused_s):

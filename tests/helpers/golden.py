@@ -27,6 +27,9 @@ EXACT_FLOATS = {"measured_over_analytic", "peak_tflops", "ideal_fraction", "log_
 # (The partition plan's parts, and the stage that bounds the partition that ran, follow the layers' times.)
 DECIDED_BY_TIME = {"bounding_stage", "slowest_dp_rank", "slowest_ranks", "log_line_note", "parts",
                    "current_bounding_stage", "warming_up_note", "gain_within_spread"}
+# Decided by the machine the run had: whether its ranks shared too few CPUs, and how long they waited for one (the
+# plan's basis, and its line).
+DECIDED_BY_THE_MACHINE = {"shared_cpus"}
 # What the garbage collector did (when it runs follows every allocation in the process), and its line: left out of
 # the comparison, as the golden runs, from before it was measured, have neither (tests/test_gc_pauses.py holds both).
 DECIDED_BY_THE_COLLECTOR = {"gc"}
@@ -77,7 +80,8 @@ def normalise_text(text: str) -> str:
 
 
 def normalise_report(value: Any, key: str = "") -> Any:
-    if key in DECIDED_BY_TIME or (key in DECIDED_BY_THE_ALLOCATOR and value is not None):
+    if key in DECIDED_BY_TIME or key in DECIDED_BY_THE_MACHINE or (key in DECIDED_BY_THE_ALLOCATOR and
+                                                                   value is not None):
         return MEASURED
     if isinstance(value, dict):
         return {k: normalise_report(v, k) for k, v in value.items() if k not in DECIDED_BY_THE_COLLECTOR}

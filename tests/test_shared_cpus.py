@@ -1,0 +1,134 @@
+"""A CPU run whose ranks share fewer CPUs than they run threads (patches/profiler/shared_cpus.py,
+patches/partition/planner.py: SharedCpus): the share of their compute time the stages ran, from the replica's
+instruction events, by hand; when it is not measured; and the plan's floor, the host's work over its CPUs, in the
+planner, a saved report's plan and its recompute what-if. In process."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from patches.partition.plan_lines import plan_line
+from patches.partition.planner import LayerCost, SharedCpus, model_iter_s, predict
+from patches.partition.report_plan import MeasuredRun, PlanRequest, plan_of
+from patches.partition.report_recompute import recompute_what_if
+from patches.partition.what_if import what_if_model
+from patches.profiler.shared_cpus import shared_cpus_of
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "fork.report.json"
+
+
+def entry(stage, events, host="h", cpus=(0, 1), threads=1, host_ranks=None, offset=0.0):
+    return {"stage_id": stage, "events": [(name, {}, start, end) for name, start, end in events],
+            "clock_offset_s": offset, "host": host, "cpus": list(cpus), "threads": threads, "host_ranks": host_ranks}
+
+
+def four_ranks(**where):
+    """Four ranks of one thread on two CPUs: all four compute in [0, 1) (each runs half of it), rank 0 alone in
+    [1, 2) (all of it), and a message instruction that is not compute."""
+    return [entry(0, [("ForwardPass", 0.0, 1.0), ("BackwardPass", 1.0, 2.0), ("SendActivation", 2.0, 3.0)], **where),
+            entry(1, [("ForwardPass", 0.0, 1.0)], **where),
+            entry(2, [("BackwardOnlyPass", 0.0, 0.5), ("WeightPass", 0.5, 1.0)], **where),
+            entry(3, [("ForwardPass", 0.0, 1.0)], **where)]
+
+
+def test_the_share_by_hand():
+    # running: 4 ranks x 1 s at 2/4 of a CPU each (2 s of work in 4 s), then 1 rank x 1 s whole: 3 / 5
+    assert shared_cpus_of(four_ranks(), tp=1, dp=1, device_name="cpu") == SharedCpus(
+        cpus=2, ranks=4, threads=1, ranks_per_stage=1, share=3 / 5)
+    # each rank's clock onto rank 0's: the same intervals, the same share
+    moved = four_ranks()
+    for shifted in moved[1:]:
+        shifted["events"] = [(name, kw, start + 10.0, end + 10.0) for name, kw, start, end in shifted["events"]]
+        shifted["clock_offset_s"] = 10.0
+    assert shared_cpus_of(moved, tp=1, dp=1, device_name="cpu").share == 3 / 5
+
+
+def test_replicas_on_the_host_run_as_replica_zero():
+    """dp 2 (8 ranks, the launcher says so): each running replica rank stands for two. [0, 1): 8 ranks want 2 CPUs,
+    a quarter each; [1, 2): 2 ranks, a CPU each: (4 x 1 x 1/4 + 1) / (4 + 1) = 2 / 5."""
+    replica = four_ranks(host_ranks=8)
+    assert shared_cpus_of(replica, tp=1, dp=2, device_name="cpu") == SharedCpus(
+        cpus=2, ranks=8, threads=1, ranks_per_stage=2, share=2 / 5)
+
+
+@pytest.mark.parametrize("why, replica, dp, device", [
+    ("a GPU", four_ranks(), 1, "cuda"),
+    ("CPUs enough: 4 ranks x 1 thread on 4 CPUs", four_ranks(cpus=(0, 1, 2, 3)), 1, "cpu"),
+    ("two hosts", four_ranks()[:2] + four_ranks(host="other")[2:], 1, "cpu"),
+    ("ranks pinned apart", four_ranks()[:2] + four_ranks(cpus=(2, 3))[2:], 1, "cpu"),
+    ("other replicas, the launcher silent", four_ranks(), 2, "cpu"),
+    ("a report's entries from before the CPUs were recorded", [dict(e, cpus=[]) for e in four_ranks()], 1, "cpu"),
+])
+def test_not_measured_where_it_cannot_be(why, replica, dp, device):
+    assert shared_cpus_of(replica, tp=1, dp=dp, device_name=device) is None, why
+
+
+def test_threads_count_against_the_cpus():
+    """2 ranks of 2 threads on 2 CPUs share them: both compute in [0, 1), each at 2 / 4."""
+    replica = [entry(0, [("ForwardPass", 0.0, 1.0)], threads=2), entry(1, [("ForwardPass", 0.0, 1.0)], threads=2)]
+    assert shared_cpus_of(replica, tp=1, dp=1, device_name="cpu").share == 1 / 2
+    assert shared_cpus_of([dict(e, threads=1) for e in replica], tp=1, dp=1, device_name="cpu") is None
+
+
+HALF = SharedCpus(cpus=2, ranks=4, threads=1, ranks_per_stage=1, share=0.5)
+
+
+def test_the_model_is_no_shorter_than_the_hosts_work():
+    # four stages of 1 s, 4 micro-batches: the pipeline 4 x 0.25 + 3 x 0.25 = 1.75; the host 0.5 x 4 / 2 = 1.0
+    assert model_iter_s([1.0] * 4, 4, HALF) == model_iter_s([1.0] * 4, 4) == 1.75
+    # on one CPU, every stage running all its time: the host's 4 s of work bound
+    whole = SharedCpus(cpus=1, ranks=4, threads=1, ranks_per_stage=1, share=1.0)
+    assert model_iter_s([1.0] * 4, 4, whole) == 4.0
+    assert whole.floor_s([1.0, 2.0]) == 3.0 and HALF.host_s_per_stage_s == 0.25
+
+
+def test_a_balanced_cut_gains_only_down_to_the_floor():
+    """Ran [0, 3, 4]: loads 3 and 1, m = 2: the pipeline 1.5 + 0.5 + 1.5 = 3.5; measured 6. On one CPU shared by
+    the 2 ranks, running all the time, the host's work is 4 s whatever the cut: the model of the run is 4 (2 s not
+    modelled), and [0, 2, 4], balanced (pipeline 1 + 1 + 1 = 3), is predicted no faster: 4 + 2. The pipeline alone
+    says 3 + 2.5."""
+    layers = [LayerCost(i, "Layer", 0 if i < 3 else 1, 1.0) for i in range(4)]
+    measured = dict(current_parts=[0, 3, 4], overhead_s=[0.0, 0.0], measured_iter_s=6.0, micro_batches=2)
+    one_cpu = SharedCpus(cpus=1, ranks=2, threads=1, ranks_per_stage=1, share=1.0)
+    assert predict(layers, parts=[0, 2, 4], cpus=one_cpu, **measured).predicted_iter_s == 4.0 + 2.0
+    assert predict(layers, parts=[0, 2, 4], **measured).predicted_iter_s == 3.0 + 2.5
+    # half the time waiting: the host's work 0.5 x 4 = 2 s, below both pipelines: the model alone
+    assert predict(layers, parts=[0, 2, 4], cpus=replace_share(one_cpu, 0.5), **measured).predicted_iter_s == 5.5
+    # three ranks per stage (tensor x data parallel) on one CPU: 12 s of work bounds both cuts
+    many = SharedCpus(cpus=1, ranks=6, threads=1, ranks_per_stage=3, share=1.0)
+    assert predict(layers, parts=[0, 2, 4], cpus=many, **measured).predicted_iter_s == 12.0 + (6.0 - 12.0)
+
+
+def replace_share(shared, share):
+    return SharedCpus(shared.cpus, shared.ranks, shared.threads, shared.ranks_per_stage, share)
+
+
+@pytest.fixture(scope="module")
+def shared_report():
+    """The golden fork report (pp 2 x tp 2) as if its 4 ranks had shared one CPU, running all the time."""
+    report = json.loads(GOLDEN.read_text())
+    report = copy.deepcopy(report)
+    report["partition_plan"]["basis"]["shared_cpus"] = {"cpus": 1, "ranks": 4, "threads": 1, "ranks_per_stage": 2,
+                                                        "share": 1.0}
+    return report
+
+
+def test_a_saved_reports_plan_and_what_if_take_the_floor(shared_report):
+    run = MeasuredRun.of_report(shared_report)
+    assert run.basis.shared_cpus == SharedCpus(cpus=1, ranks=4, threads=1, ranks_per_stage=2, share=1.0)
+    plan = plan_of(shared_report, PlanRequest(parts=[0, 4, 7]))
+    # the host's work, 2 x the stages' summed time, bounds both the partition that ran and this one
+    scale = shared_report["partition_plan"]["basis"]["time_scale"]
+    ran = shared_report["partition_plan"]["current_stage_s"]
+    measured = shared_report["totals"]["throughput_iter_s"]
+    expected = 2.0 * sum(plan["stage_s"]) + measured - 2.0 * sum(ran) * 1.0
+    assert plan["predicted_iter_s"] == pytest.approx(expected, rel=1e-12) and scale > 0
+    assert "4 ranks of 1 thread on 1 CPUs ran 100% of their compute time, waiting for a core the rest: no " \
+           "iteration is predicted shorter than the host's work over its CPUs" in plan_line(plan_of(shared_report))
+    what_if = recompute_what_if(shared_report, [0, 4, 7], [1, 1])
+    assert what_if["predicted_iter_s"] == pytest.approx(2.0 * sum(what_if["stage_s"]) + measured - 2.0 * sum(ran),
+                                                        rel=1e-12)
+    assert what_if_model(shared_report).cpu_floor == 2.0
+    # without it, the golden report's own plan is the pipeline model's
+    assert what_if_model(json.loads(GOLDEN.read_text())).cpu_floor is None
