@@ -47,6 +47,11 @@ class MeasuredRun:
     memory: Optional[tuple] = None  # memory_model.memory_terms_of's (layers, positions); None: not measured
     schedule: Optional[str] = None  # the run's, for the in-flight micro-batches of another number of stages
 
+    @property
+    def shared_cpus(self) -> Optional[SharedCpus]:
+        """Where its ranks shared too few CPUs, the floor every prediction from it takes (planner.model_iter_s)."""
+        return self.basis.shared_cpus if self.basis is not None else None
+
     @classmethod
     def of_report(cls, report: dict) -> "MeasuredRun":
         plan = report.get("partition_plan") or {}
@@ -125,7 +130,7 @@ def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
     limit, source = request.limit, request.limit_source
     if peak is None and source == DEVICE:  # the device's memory is a default, not asked for: planned by time
         limit = source = None
-    cpus = run.basis.shared_cpus if run.basis is not None else None
+    cpus = run.shared_cpus
     best = predict(costs, parts, scaled_overheads, iter_s, micro_batches, request.parts, cpus) if request.parts \
         else plan(costs, parts, scaled_overheads, iter_s, micro_batches, pp, peak, limit, cpus)
     peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None

@@ -43,7 +43,8 @@ def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: 
     plan = report.get("partition_plan") or {}
     ran = plan.get("current_parts") or parts_from_layers(report["layers"])
     overheads = plan.get("stage_overhead_s") or [0.0] * (len(ran) - 1)
-    scale = (plan.get("basis") or {}).get("time_scale", 1.0)
+    basis = plan.get("basis") or {}
+    scale = basis.get("time_scale", 1.0)
     scaled = [overhead * scale for overhead in overheads]
     if len(counts) != len(parts) - 1:
         raise PatchConfigError(f"--recompute {','.join(map(str, counts))}: {len(counts)} counts for "
@@ -58,7 +59,7 @@ def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: 
     excess = max(stage.peak_bytes for stage in stages) - limit if limit is not None else None
     return _recompute_dict(parts, stages, report["layers"], ran, scaled, report["totals"]["throughput_iter_s"],
                            report["parallelism"]["micro_batches"], scale, excess if excess and excess > 0 else None,
-                           SharedCpus.of_dict((plan.get("basis") or {}).get("shared_cpus")))
+                           SharedCpus.of_dict(basis.get("shared_cpus")))
 
 
 def recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,

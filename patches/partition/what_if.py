@@ -80,7 +80,7 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             kept.activation_bytes if kept else None, both.seconds if both else None,
             both.recompute_s if both else None, both.recomputable if both else None,
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
-    cpus = run.basis.shared_cpus if run.basis is not None else None
+    cpus = run.shared_cpus
     return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(ran, run.micro_batches, cpus),
                        list(run.parts), overheads, layers,
                        _positions(run, options), options is not None,

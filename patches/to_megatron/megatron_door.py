@@ -126,10 +126,12 @@ class MegatronDoor:
         return result
 
     def _described(self, engine: DeepSpeedEngine) -> RunDescription:
-        """The run's description; one that fails is a warning and a report without its lines, never the run's end."""
+        """The run's description; one that fails is a warning and a report without its lines, never the run's end
+        (and is not asked again: one warning, not one an iteration)."""
         try:
             return self.describe(engine)
         except Exception as error:
+            self.describes_each_iteration = False
             warn_on_rank_0(f"FLOPs profiler: the run is not described in its report ({type(error).__name__}: {error})")
             return UNDESCRIBED
 

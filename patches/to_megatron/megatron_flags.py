@@ -142,7 +142,6 @@ def take_profiler_flags(args: Namespace, on_deepspeeds_pipeline: bool,
     or block recompute), Megatron's --no-load-optim across partitions, and partition_report: the report that cuts
     every PipelineModule, whatever its partition_method (upstream's --pp-partition-from-profile; our fork names it
     in the partition_method it builds with)."""
-
     from patches.process.registry import REGISTRY, RunSettings
 
     if on_deepspeeds_pipeline:
