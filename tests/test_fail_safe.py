@@ -294,3 +294,6 @@ def test_a_module_hook_that_fails_leaves_the_work_as_it_was_and_no_results(monke
                                                 "a call it cannot describe"):
         profiler.finish()
     assert not stage._forward_pre_hooks and not stage._forward_hooks
+    # the hooks stopped at the failure; the dispatch mode and the collector's callback still came off at finish
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert not any(getattr(callback, "__self__", None) is profiler.gc_pauses for callback in gc.callbacks)

@@ -75,6 +75,9 @@ class ModuleProfiler:
         self._mode = FlopCountingMode(self._credits.credit, self._credits.count_uncounted,
                                       self._credits.note_value_dependent) if count_flops else None
         self._hooks = ModuleHooks(self._tree.pairs, self._stack)
+        # Its own, not the hooks' `measuring`: a hook that fails stops them, and the dispatch mode and the garbage
+        # collector's callback must still come off at stop().
+        self._running = False
 
     @classmethod
     def started(cls, root: torch.nn.Module, **options: Any) -> "ModuleProfiler":
@@ -84,8 +87,9 @@ class ModuleProfiler:
         return profiler
 
     def start(self) -> None:
-        if self._hooks.measuring:
+        if self._running:
             return
+        self._running = True
         self._stack.clear()
         self.gc_pauses.clear()
         self.gc_pauses.watch()
@@ -96,7 +100,8 @@ class ModuleProfiler:
     def stop(self, adopt_from: Optional["ModuleProfiler"] = None) -> List[str]:
         """Stop counting; counts stay readable. Hooks stay installed but do nothing until start(). adopt_from: a
         counting pass whose FLOPs to take (adopt_counts, whose list of calls that differ is returned; [] without)."""
-        if self._hooks.measuring:
+        if self._running:
+            self._running = False
             self._hooks.stop()
             self.gc_pauses.unwatch()
             if self._mode is not None:
