@@ -25,6 +25,7 @@ import pytest
 
 from patches.profiler.printer import HEADER
 from tests.helpers.call_walk import (
+    DOOR_LIMIT,
     PAGE,
     Door,
     broken_structure,
@@ -285,6 +286,7 @@ def test_the_module_launch_is_walked_as_the_page_says(workdir):
     door = Door("upstream", "Upstream's module launch (`--module patches.launch`, `--profile-flops-step`)",
                 crossings(into))
     block = door_block(door, page_core(walk))
+    assert len(door.crossings) <= DOOR_LIMIT, block
     if writing():
         page_walk_written = with_upstream_block(walk, block)
         PAGE.write_text(page[:start] + page_walk_written + page[end:])

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers.call_walk import (
     BEGIN,
+    CORE_LIMIT,
+    DOOR_LIMIT,
     END,
     PAGE,
     RULE,
@@ -65,13 +67,16 @@ def measured_walk(doors, upstream_block):
     return "\n".join([BEGIN, "", RULE, walk_section(doors, ("fork", "section"), upstream_block), END])
 
 
-CORE_LIMIT = 18  # the crossings every door makes: what a newcomer reads first
-
-
 @pytest.mark.launch
 def test_the_core_stays_small(doors):
     by_key = {door.key: door.crossings for door in doors}
     assert len(by_key["fork"] & by_key["section"]) <= CORE_LIMIT
+
+
+@pytest.mark.launch
+def test_each_door_stays_small(doors):
+    """Upstream's module launch is held to the same limit in the upstream tier."""
+    assert {door.key: len(door.crossings) for door in doors if len(door.crossings) > DOOR_LIMIT} == {}
 
 
 @pytest.mark.launch

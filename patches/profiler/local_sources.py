@@ -9,16 +9,15 @@
 - HeldReport: a report built elsewhere (the config section's, gathered), held for the getters and prints of
   engine.flops_profiler afterwards, on any rank, with no collective.
 """
-from typing import Callable, Iterable, List, Optional, Union
+from typing import Callable, Iterable, List, Optional
 
 import torch.distributed as dist
 
 from patches.profiler import store_exchange
 from patches.profiler.context import ReportContext, RunDescription
-from patches.profiler.entry import RankEntry
 from patches.profiler.files import write_text
 from patches.profiler.layout import EngineLayout
-from patches.profiler.measurement import StageMeasurement
+from patches.profiler.measurement import FinishedMeasurement, StageMeasurement
 from patches.profiler.numbering import running_iteration
 from patches.profiler.report import build_report
 from patches.profiler.sources import ProfileIncomplete, describe_run
@@ -47,6 +46,7 @@ class PublishedReports(_CallingRankOutput):
         self.measurement = measurement
         self._namespace: Optional[str] = None  # the store keys of this rank's measured train_batch
         self._step: Optional[int] = None
+        self._wait_s = 0.0  # how long a reader waits for each other rank: twice this rank's measured train_batch
         self._collected = None  # (replica entries, samples, collection note, module events by rank)
         self._reports = {}
         self._label: Optional[int] = None  # the step the report is labelled with: the last one asked for
@@ -67,17 +67,18 @@ class PublishedReports(_CallingRankOutput):
         """The measured train_batch has returned (engine_methods.py): the measurement finishes as a schedule's
         does (every hook off the engine, what it measured kept), then this rank's part goes under its own key of
         the store (never waits)."""
-        measured = self.measurement.finish()  # this rank's entry, or the error building it raised
+        finished = self.measurement.finish()
+        self._wait_s = 2 * finished.train_batch_s
         self._namespace = f"engine{self.measurement.attachment.ordinal}/step{self._step}"
-        store_exchange.publish(self._namespace, self._publication(measured))
+        store_exchange.publish(self._namespace, self._publication(finished))
 
-    def _publication(self, measured: Union[RankEntry, Exception]) -> store_exchange.Publication:
+    def _publication(self, finished: FinishedMeasurement) -> store_exchange.Publication:
         rank, layout = dist.get_rank(), self.measurement.layout
         host, wall_minus_perf_s = store_exchange.this_host_clock()
-        failure = measured if isinstance(measured, Exception) else None
+        failure = finished.entry if isinstance(finished.entry, Exception) else None
         if failure is None:
             try:
-                entry = measured.as_dict()
+                entry = finished.entry.as_dict()
                 sample = RankSample.from_entry(entry)
             except Exception as error:
                 failure = error
@@ -86,7 +87,7 @@ class PublishedReports(_CallingRankOutput):
             return store_exchange.Publication(rank, sample, None, None, host, wall_minus_perf_s)
         in_replica = layout.in_replica
         return store_exchange.Publication(rank, sample, entry if in_replica else None,
-                                          self.measurement.events() if in_replica else None,
+                                          finished.module_events if in_replica else None,
                                           host, wall_minus_perf_s)
 
     def ready(self) -> Optional[dict]:
@@ -115,7 +116,7 @@ class PublishedReports(_CallingRankOutput):
                 "profile (on every rank), and read the profile after that train_batch")
         layout = self.measurement.layout
         collected = store_exchange.collect(self._namespace, store_exchange.world_ranks(),
-                                           wait_s=2 * self.measurement.train_batch_s())
+                                           wait_s=self._wait_s)
         if collected.missing:
             raise ProfileIncomplete(
                 f"flops profiler: no whole-pipeline profile of step {self._step}: {_where(collected.missing, layout)} "

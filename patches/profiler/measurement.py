@@ -11,8 +11,9 @@
 One iteration of a schedule (one_step.ProfileSchedule) in two calls:
 
     measurement = StageMeasurement.begin(engine, attachment, counted)   # made and started
-    entry = measurement.finish()  # stopped, every hook gone, and the rank's entry (or the error building it)
-                                  # (the module profiler's finish: its results read once, its hooks off)
+    finished = measurement.finish()  # stopped, every hook gone: the rank's entry (or the error building it), its
+                                     # module events and its iteration's time (the module profiler's results
+                                     # read once, its hooks off)
 
 Where the FLOPs come from is decided at start: counted by a dispatch mode in the measured iteration itself,
 or taken from a counting pass over the iteration before (one_step.ProfileSchedule), so that the measured iteration runs
@@ -21,12 +22,9 @@ without the mode; its module calls are then checked against the counted ones (ca
 What the measurements become (a report, gathered or read from the store) is the report sources' job
 (sources.py).
 """
-import os
-import socket
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, List, Optional, Tuple, TypeVar, Union
 
-import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.engine import DeepSpeedEngine
@@ -41,8 +39,18 @@ from patches.profiler.layout import EngineLayout
 from patches.profiler.memory import MemoryMeasurement, StageMemory
 from patches.profiler.module_profiler import ModuleEvent, ModuleProfiler, ModuleResults
 from patches.profiler.module_tree import annotate_replicated_params
+from patches.profiler.where_it_ran import where_it_ran
 
 Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class FinishedMeasurement:
+    """What finish() hands the report source in one piece: the rank's entry (or the error building it raised: a
+    collective report still needs this rank's part), when each module ran, and the measured iteration's time."""
+    entry: Union[RankEntry, Exception]
+    module_events: List[ModuleEvent]
+    train_batch_s: float
 
 
 @dataclass(frozen=True)
@@ -131,19 +139,19 @@ class StageMeasurement:
         """Stop measuring; the measurements stay readable, the hooks stay (inert) until detach()."""
         self._end(finish=False)
 
-    def finish(self) -> Union[RankEntry, Exception]:
+    def finish(self) -> FinishedMeasurement:
         """The measured iteration's end: the module profiler finishes (stopped, the counting pass's FLOPs taken,
         its hooks off, its results read once), this rank's entry is built from those results, and the engine's
-        hooks come off (detach()). Returns the entry, or the error building it raised (a collective report
-        still needs this rank's part)."""
+        hooks come off (detach())."""
+        events: List[ModuleEvent] = []
         try:
             self._end(finish=True)
-            entry = self.entry_or_error()
+            entry, events = self.entry(), self.events()
         except Exception as error:  # reading the module profiler's results: this rank's failure to report
             self.started = False
             entry = error
         self.detach()
-        return entry
+        return FinishedMeasurement(entry, events, self.train_batch_s())
 
     def _end(self, finish: bool) -> None:
         if not self.started:
@@ -255,7 +263,7 @@ class StageMeasurement:
             counted_iteration=counted, calls_differ=list(self.calls_differ), schedule=self.hooks.schedule,
             invisible_attention=measured.invisible_attention, layers=stage_layers(module, layout.stage), parts=parts,
             memory=memory.as_dict() if memory is not None else None, gc=gc,
-            faults=[fault.as_dict() for fault in faults], **_where_it_ran())
+            faults=[fault.as_dict() for fault in faults], **where_it_ran())
 
     def entry_or_error(self) -> Union[RankEntry, Exception]:
         """entry(), or the error building it raised: a collective report still needs this rank's part."""
@@ -280,16 +288,6 @@ class StageMeasurement:
             return 0, 0, 0.0
         tree = self.module_profiler.tree()
         return tree["fwd_flops"], tree["params"], tree["fwd_latency_s"]
-
-
-
-def _where_it_ran() -> dict:
-    """RankEntry's host, cpus, threads and host_ranks: this host, the CPUs this process may run on, torch's threads,
-    and the job's ranks on this host as torchrun (LOCAL_WORLD_SIZE) or DeepSpeed's launcher (LOCAL_SIZE) counts them."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
-    return {"host": socket.gethostname(), "cpus": cpus, "threads": torch.get_num_threads(),
-            "host_ranks": int(local) if local and local.isdigit() else None}
 
 
 def _plain(kwargs: dict) -> dict:

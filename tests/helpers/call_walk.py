@@ -68,7 +68,7 @@ PARTS = (
     Part("the stage measurement", _profiler("measurement"), _profiler(
         "engine_hooks", "memory", "memory_terms", "allocator_trace", "held_state", "kept_activations",
         "module_profiler", "module_tree", "module_hooks", "flop_counting", "flop_formulas", "module_flops",
-        "phase_stack", "phases", "gc_pauses")),
+        "phase_stack", "phases", "gc_pauses", "where_it_ran")),
     Part("the report", _profiler("sources", "local_sources", "printer", "files"), _profiler(
         "gather", "context", "report", "tree_merge", "trace", "entry", "notes", "peaks", "store_exchange",
         "stragglers", "memory_report", "report_stages", "report_timing", "report_replica", "printed_stages",
@@ -77,7 +77,7 @@ PARTS = (
     Part("the user's profiler", _profiler("api", "user_code_profiler", "pipeline_profiler"), ()),
 )
 LEAVES = ("formats/units.py", "formats/text_table.py", "process/store.py", "process/errors.py",
-          "profiler/fail_safe.py", "profiler/shadowing.py")
+          "profiler/fail_safe.py", "profiler/shadowing.py", "profiler/numbering.py")
 RULE = RULE.format(parts="\n".join(part.line() for part in PARTS),
                    leaves=", ".join(f"`{leaf}`" for leaf in LEAVES))
 
@@ -171,6 +171,9 @@ class Door:
     title: str
     crossings: FrozenSet[Crossing]
 
+
+CORE_LIMIT = 18  # the crossings every door makes: what a newcomer reads first
+DOOR_LIMIT = 30  # one door's crossings, its own and the core's: what a maintainer follows for one way in
 
 CORE_HEADING = "**The shared core**"
 UPSTREAM_BEGIN = "<!-- Upstream's module launch: walked in the upstream tier (tests/test_upstream_checkout.py). -->"
