@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from patches.partition.measured_run import Basis, MeasuredRun
 from patches.partition.plan_lines import plan_line
 from patches.partition.planner import (
     LayerCost,
@@ -15,7 +16,7 @@ from patches.partition.planner import (
     plan,
     predict,
 )
-from patches.partition.report_plan import Basis, MeasuredRun, PlanRequest, gain_within_spread, plan_from_table
+from patches.partition.report_plan import PlanRequest, gain_within_spread, plan_from_table
 
 
 def brute_force(costs, stages, overheads=None):

@@ -4,7 +4,7 @@ IterationTiming); the schedule that decides which iteration counts, which is pro
 clock (patches/profiler/one_step.py)."""
 import pytest
 
-from patches.partition.report_plan import Basis
+from patches.partition.measured_run import Basis
 from patches.profiler.context import IterationTiming
 from patches.profiler.files import validate_report
 from patches.profiler.iteration_clock import WINDOW, Baseline, IterationClock

@@ -12,6 +12,7 @@ import pytest
 from patches.cli import plan_partition, profile_page
 from patches.page import write_profile_page
 from patches.page.content import page_content
+from patches.partition.plan_lines import plan_line
 from patches.partition.report_plan import PlanRequest, plan_of
 from patches.partition.report_recompute import recompute_what_if
 from tests.helpers.browser import browser, opened
@@ -110,7 +111,14 @@ def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, 
             """choices => { const p = window.profilePage, model = p.pages[0].what_if;
                  return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
                                                           p.predictWhatIf(model, parts, counts)]); }""", choices)
+        lines = page.page.evaluate("""([parts, counts]) => { const p = window.profilePage, model = p.pages[0].what_if;
+                                      return p.whatIfLines(model, p.predictWhatIf(model, parts, counts), null); }""",
+                                   choices[0])
         assert page.console_errors == []
+    # the floor said in the words of the plan's line: the ranks, their threads, the CPUs, the share they ran
+    assert lines[-1] == ("4 ranks of 1 thread on 1 CPUs ran 75% of their compute time, waiting for a core the rest: "
+                         "no iteration is predicted shorter than the host's work over its CPUs")
+    assert lines[-1] in plan_line(plan_of(shared, PlanRequest()))
     for (parts, counts), (plain, recomputed) in zip(choices, computed):
         assert plain["predicted_iter_s"] == plan_of(shared, PlanRequest(parts=parts))["predicted_iter_s"]
         assert recomputed["predicted_iter_s"] == recompute_what_if(shared, parts, counts)["predicted_iter_s"]

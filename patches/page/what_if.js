@@ -107,5 +107,6 @@ function whatIfLines(model, result, limit) {
         + ` by ${groupedInteger(peaks[worst] - limit)} bytes`;
   }
   lines.push(words);
+  if (model.cpu_floor_words) lines.push(model.cpu_floor_words);  // the ranks shared too few CPUs: the floor, said
   return lines;
 }

@@ -97,11 +97,14 @@ def basis_words(basis: Optional[dict]) -> str:
 
 
 def _shared_cpus_words(shared: Optional[dict]) -> str:
-    """'' unless the run's ranks shared too few CPUs (planner.SharedCpus); then how much they waited, and the floor."""
-    if not shared:
-        return ""
+    return f"; {shared_cpus_sentence(shared)}" if shared else ""
+
+
+def shared_cpus_sentence(shared: dict) -> str:
+    """Where the run's ranks shared too few CPUs (planner.SharedCpus as a dict): how much they waited, and the floor
+    every prediction takes (the plan's line says it, and the page's what-if)."""
     threads = f"{shared['threads']} thread{'s' if shared['threads'] > 1 else ''}"
-    return (f"; {shared['ranks']} ranks of {threads} on {shared['cpus']} CPUs ran {100 * shared['share']:.0f}% of "
+    return (f"{shared['ranks']} ranks of {threads} on {shared['cpus']} CPUs ran {100 * shared['share']:.0f}% of "
             "their compute time, waiting for a core the rest: no iteration is predicted shorter than the host's work "
             "over its CPUs")
 

@@ -3,65 +3,20 @@ memory terms allow (memory_model.py), as the report's `partition_plan` and megat
 stage's recompute chosen with it (report_recompute.py). The report read from its file: report_file.py.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from patches.formats.units import bytes_to_string
+from patches.partition.measured_run import Basis, MeasuredRun
 from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
-from patches.partition.planner import DEVICE, LayerCost, PeakOf, SharedCpus, plan, predict
+from patches.partition.planner import DEVICE, LayerCost, PeakOf, plan, predict
 from patches.partition.report_recompute import recompute_plan_of
-from patches.partition.table import layer_seconds, parts_from_layers, shared_on_one_stage, stage_overheads
+from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
 from patches.process.errors import PatchConfigError
 
 
 def plan_parts_of(replica: List[dict]) -> Optional[List[int]]:
     """The partition that ran, as the replica's entries recorded it (PipelineModule.parts)."""
     return next((entry.get("parts") for entry in replica if entry.get("parts")), None)
-
-
-@dataclass(frozen=True)
-class Basis:
-    """What a plan's times rest on: the steady iteration they are scaled to, and how steady it was."""
-    time_scale: float = 1.0  # the measured layer times x this: unprofiled / profiled iteration, on one clock
-    iterations: Tuple[int, ...] = ()  # the unprofiled iterations the iteration time is the median of
-    spread: Optional[float] = None  # (slowest - fastest) / median of those
-    note: Optional[str] = None  # why the basis is weak (a warm-up baseline, none), or None
-    # where the run's ranks shared too few CPUs: the stages' share of their time running, which floors every
-    # prediction at the host's work over its CPUs (planner.model_iter_s); None elsewhere
-    shared_cpus: Optional[SharedCpus] = None
-
-    def as_dict(self) -> dict:
-        return {"time_scale": self.time_scale, "iterations": list(self.iterations), "spread": self.spread,
-                "note": self.note,
-                "shared_cpus": self.shared_cpus.as_dict() if self.shared_cpus is not None else None}
-
-
-@dataclass(frozen=True)
-class MeasuredRun:
-    """What one profiled run measured, as the planner reads it."""
-    layers: List[dict]  # the report's layer table
-    parts: List[int]  # the partition that ran
-    overheads: List[float]  # each stage's work that no layer accounts for, as measured
-    iter_s: float  # the steady iteration every plan's times are scaled to
-    micro_batches: int
-    basis: Optional[Basis] = None
-    memory: Optional[tuple] = None  # memory_model.memory_terms_of's (layers, positions); None: not measured
-    schedule: Optional[str] = None  # the run's, for the in-flight micro-batches of another number of stages
-
-    @property
-    def shared_cpus(self) -> Optional[SharedCpus]:
-        """Where its ranks shared too few CPUs, the floor every prediction from it takes (planner.model_iter_s)."""
-        return self.basis.shared_cpus if self.basis is not None else None
-
-    @classmethod
-    def of_report(cls, report: dict) -> "MeasuredRun":
-        plan = report.get("partition_plan") or {}
-        parts = plan.get("current_parts") or parts_from_layers(report["layers"])
-        stored = plan.get("basis")  # None in a report from before plans had one
-        basis = Basis(stored["time_scale"], tuple(stored["iterations"]), stored["spread"], stored["note"],
-                      SharedCpus.of_dict(stored.get("shared_cpus"))) if stored else None
-        return cls(report["layers"], parts, plan.get("stage_overhead_s") or [0.0] * (len(parts) - 1),
-                   report["totals"]["throughput_iter_s"], report["parallelism"]["micro_batches"], basis,
-                   memory_terms_of(report), (report.get("bubble") or {}).get("schedule"))
 
 
 @dataclass(frozen=True)
@@ -79,7 +34,7 @@ class PlanRequest:
 
 
 def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Optional[List[int]], iter_s: float,
-                   micro_batches: int, basis: Basis = Basis(), limit: Optional[int] = None,
+                   micro_batches: int, basis: Optional[Basis] = None, limit: Optional[int] = None,
                    source: Optional[str] = None, schedule: Optional[str] = None) -> Optional[dict]:
     """The best contiguous partition of the measured layers over the stages that ran, and what it predicts
     (above), beside the partition that ran; None without a layer table (or with one stage). limit: each stage's
@@ -87,7 +42,7 @@ def partition_plan(stages: List[dict], layers: Optional[List[dict]], parts: Opti
     limit came from, 'flag', 'environment' or 'device')."""
     if layers is None or parts is None or len(stages) != len(parts) - 1 or len(stages) < 2:
         return None
-    run = MeasuredRun(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis,
+    run = MeasuredRun(layers, parts, stage_overheads(stages, layers), iter_s, micro_batches, basis or Basis(),
                       memory_terms_of({"stages": stages, "layers": layers}), schedule)
     return plan_from_table(run, PlanRequest(limit=limit, limit_source=source))
 
@@ -119,13 +74,12 @@ def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
     the peaks are memory_model's; under a limit, recompute_plan is the partition with each stage's recompute chosen
     with it (not for a what-if)."""
     layers, parts, iter_s, micro_batches = run.layers, run.parts, run.iter_s, run.micro_batches
-    ran, pp = len(parts) - 1, request.planned_stages(run)
+    pp = request.planned_stages(run)
     if len(layers) < pp or shared_on_one_stage(layers):
         return None
-    scale = run.basis.time_scale if run.basis is not None else 1.0
+    scale, scaled_overheads = run.time_scale, run.scaled_overheads
     costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * scale) for row in layers]
-    scaled_overheads = [overhead * scale for overhead in run.overheads]
-    current = [sum(cost.seconds for cost in costs if cost.stage == s) + scaled_overheads[s] for s in range(ran)]
+    current = run.ran_stage_s
     peak = peak_of(run.memory, pp, micro_batches, run.schedule)
     limit, source = request.limit, request.limit_source
     if peak is None and source == DEVICE:  # the device's memory is a default, not asked for: planned by time
@@ -136,8 +90,7 @@ def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
     peaks = [peak(s, best.parts[s], best.parts[s + 1]) for s in range(pp)] if peak is not None else None
     fits = max(peaks) <= limit if peaks is not None and limit is not None else None
     change = best.predicted_iter_s / iter_s - 1
-    recompute = None if request.parts else recompute_plan_of(layers, parts, scaled_overheads, iter_s, micro_batches,
-                                                              pp, run.memory, limit, run.schedule, scale, cpus)
+    recompute = None if request.parts else recompute_plan_of(run, pp, limit)
     return {"pipeline_parallel_size": pp, "current_parts": list(parts), "current_stage_s": current,
             "current_bound_s": max(current), "current_bounding_stage": current.index(max(current)),
             "measured_iter_s": iter_s, "stage_overhead_s": run.overheads, "parts": best.parts,

@@ -5,10 +5,10 @@ with each stage's recompute chosen with it under a limit (recompute_plan.py), an
 from dataclasses import replace
 from typing import List, Optional, Tuple
 
-from patches.partition.memory_model import memory_terms_of, positions_for
-from patches.partition.planner import SharedCpus, model_iter_s, overheads_for
+from patches.partition.measured_run import MeasuredRun
+from patches.partition.memory_model import positions_for
+from patches.partition.planner import model_iter_s, overheads_for
 from patches.partition.recompute_plan import RecomputableLayer, StageChoice, StageOptions, plan_recompute
-from patches.partition.table import layer_seconds, parts_from_layers
 from patches.process.errors import PatchConfigError
 
 
@@ -20,19 +20,16 @@ def recomputable_rows(layers: List[dict]) -> List[bool]:
             for row in layers]
 
 
-def recompute_plan_of(layers: List[dict], parts: List[int], overheads: List[float], iter_s: float,
-                      micro_batches: int, pp: int, memory, limit: Optional[int], schedule: Optional[str],
-                      scale: float, cpus: Optional[SharedCpus] = None) -> Optional[dict]:
+def recompute_plan_of(run: MeasuredRun, pp: int, limit: Optional[int]) -> Optional[dict]:
     """The fastest partition of `pp` stages with each stage's recompute chosen with it under `limit`
-    (recompute_plan.py), where the report has a limit, its memory terms and each layer's bytes both ways; None
-    otherwise. overheads: as measured, scaled. Its iteration is predicted as the partition plan's (the model plus
-    what it leaves out of the measured iteration; cpus: as planner.model_iter_s's)."""
-    options = recompute_options(layers, overheads, micro_batches, pp, memory, schedule, scale)
+    (recompute_plan.py), where the run has a limit, its memory terms and each layer's bytes both ways; None
+    otherwise. Its iteration is predicted as the partition plan's (the model plus what it leaves out of the measured
+    iteration)."""
+    options = recompute_options(run, pp)
     if limit is None or options is None:
         return None
     chosen = plan_recompute(options.layers, options.positions, options.overheads, limit)
-    return _recompute_dict(chosen.parts, chosen.stages, layers, parts, overheads, iter_s, micro_batches, scale,
-                           chosen.excess_bytes, cpus)
+    return _recompute_dict(chosen.parts, chosen.stages, run, chosen.excess_bytes)
 
 
 def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: Optional[int] = None) -> dict:
@@ -40,47 +37,39 @@ def recompute_what_if(report: dict, parts: List[int], counts: List[int], limit: 
     counts[s] recomputable layers (megatron-plan-partition --parts ... --recompute ...): recompute_plan's dict;
     memory_fits against `limit` (None without one). PatchConfigError where the report cannot say (no memory terms or
     bytes both ways, another number of counts than stages)."""
-    plan = report.get("partition_plan") or {}
-    ran = plan.get("current_parts") or parts_from_layers(report["layers"])
-    overheads = plan.get("stage_overhead_s") or [0.0] * (len(ran) - 1)
-    basis = plan.get("basis") or {}
-    scale = basis.get("time_scale", 1.0)
-    scaled = [overhead * scale for overhead in overheads]
     if len(counts) != len(parts) - 1:
         raise PatchConfigError(f"--recompute {','.join(map(str, counts))}: {len(counts)} counts for "
                                f"{len(parts) - 1} stages")
-    options = recompute_options(report["layers"], scaled, report["parallelism"]["micro_batches"], len(parts) - 1,
-                                 memory_terms_of(report), (report.get("bubble") or {}).get("schedule"), scale)
+    run = MeasuredRun.of_report(report)
+    options = recompute_options(run, len(parts) - 1)
     if options is None:
         raise PatchConfigError("the profile report has no bytes of its layers both ways (kept whole and as a "
                                "checkpoint) or no memory terms: a recompute cannot be predicted from it")
     stages = [options.choice(stage, first, stop, count)
               for stage, (first, stop, count) in enumerate(zip(parts, parts[1:], counts))]
     excess = max(stage.peak_bytes for stage in stages) - limit if limit is not None else None
-    return _recompute_dict(parts, stages, report["layers"], ran, scaled, report["totals"]["throughput_iter_s"],
-                           report["parallelism"]["micro_batches"], scale, excess if excess and excess > 0 else None,
-                           SharedCpus.of_dict(basis.get("shared_cpus")))
+    return _recompute_dict(parts, stages, run, excess if excess and excess > 0 else None)
 
 
-def recompute_options(layers: List[dict], overheads: List[float], micro_batches: int, pp: int, memory,
-                       schedule: Optional[str], scale: float) -> Optional[StageOptions]:
-    """Every stage's recompute choices for `pp` stages from a report's layer table and memory terms (each position
+def recompute_options(run: MeasuredRun, pp: int) -> Optional[StageOptions]:
+    """Every stage's recompute choices for `pp` stages from the run's layer table and memory terms (each position
     told the largest layer the run recomputed there: its transient holds it already); None where the report lacks
     each layer's bytes both ways, or cannot say for `pp` stages."""
-    if memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
+    layers = run.layers
+    if run.memory is None or any(row.get("kept_as_checkpoint_bytes") is None for row in layers):
         return None
     ran = [replace(position, recomputed_transient_bytes=_run_recompute_rise(layers, stage))
-           for stage, position in enumerate(memory[1])]
+           for stage, position in enumerate(run.memory[1])]
     try:
-        positions = positions_for(ran, pp, micro_batches, schedule)
+        positions = positions_for(ran, pp, run.micro_batches, run.schedule)
         positions[-1] = replace(positions[-1], holds_the_loss=True)
     except ValueError:
         return None
-    rows = sorted(layers, key=lambda row: row["index"])
+    rows, scale = sorted(layers, key=lambda row: row["index"]), run.time_scale
     table = [RecomputableLayer(row["index"], *(seconds * scale for seconds in _both_ways_s(row)), recomputable,
                                row["state_bytes"], row["kept_whole_bytes"], row["kept_as_checkpoint_bytes"])
              for row, recomputable in zip(rows, recomputable_rows(rows))]
-    return StageOptions(table, positions, overheads_for(overheads, pp))
+    return StageOptions(table, positions, overheads_for(run.scaled_overheads, pp))
 
 
 def _both_ways_s(row: dict) -> Tuple[float, float]:
@@ -99,12 +88,6 @@ def _both_ways_s(row: dict) -> Tuple[float, float]:
     return forward + backward, forward
 
 
-def ran_stage_s(layers: List[dict], overheads: List[float], scale: float, stages: int) -> List[float]:
-    """Each stage's load as it ran: its layers' measured seconds, scaled, and its overhead (scaled already)."""
-    return [sum(layer_seconds(row) * scale for row in layers if row["stage"] == s) + overheads[s]
-            for s in range(stages)]
-
-
 def _run_recompute_rise(layers: List[dict], stage: int) -> int:
     """What the run's own recompute on `stage` added to its measured transient (StageOptions._rise, as it ran): the
     largest layer it recomputed there, kept whole, less what the layers after the last recomputed one kept."""
@@ -117,15 +100,13 @@ def _run_recompute_rise(layers: List[dict], stage: int) -> int:
     return max(0, max(row["kept_whole_bytes"] for row in recomputed) - freed)
 
 
-def _recompute_dict(parts: List[int], stages: List[StageChoice], layers: List[dict], ran_parts: List[int],
-                    overheads: List[float], iter_s: float, micro_batches: int, scale: float,
-                    excess: Optional[int], cpus: Optional[SharedCpus] = None) -> dict:
+def _recompute_dict(parts: List[int], stages: List[StageChoice], run: MeasuredRun, excess: Optional[int]) -> dict:
     """recompute_plan's dict: its iteration predicted as the partition plan's (the model, plus what it leaves out of
     the measured iteration: that iteration minus the model of the stages as they ran)."""
-    ran = ran_stage_s(layers, overheads, scale, len(ran_parts) - 1)
-    stage_s = [stage.seconds for stage in stages]
-    predicted = model_iter_s(stage_s, micro_batches, cpus) + iter_s - model_iter_s(ran, micro_batches, cpus)
+    stage_s, cpus, micro_batches = [stage.seconds for stage in stages], run.shared_cpus, run.micro_batches
+    predicted = model_iter_s(stage_s, micro_batches, cpus) + run.iter_s - model_iter_s(run.ran_stage_s, micro_batches,
+                                                                                       cpus)
     return {"parts": list(parts), "recompute_layers": [stage.recomputed for stage in stages], "stage_s": stage_s,
-            "predicted_iter_s": predicted, "predicted_change": predicted / iter_s - 1,
+            "predicted_iter_s": predicted, "predicted_change": predicted / run.iter_s - 1,
             "predicted_peak_bytes": [stage.peak_bytes for stage in stages],
             "memory_fits": excess is None, "memory_excess_bytes": excess}

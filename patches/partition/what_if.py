@@ -19,10 +19,11 @@ the page does not offer. No torch or DeepSpeed import.
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
+from patches.partition.measured_run import MeasuredRun
 from patches.partition.memory_model import PositionMemory
+from patches.partition.plan_lines import shared_cpus_sentence
 from patches.partition.planner import model_iter_s
-from patches.partition.report_plan import MeasuredRun
-from patches.partition.report_recompute import ran_stage_s, recompute_options
+from patches.partition.report_recompute import recompute_options
 from patches.partition.table import layer_seconds
 
 
@@ -52,6 +53,7 @@ class WhatIfModel:
     recompute_terms: bool  # each layer has base_s .. checkpoint_bytes
     memory_limit_bytes: Optional[int]
     cpu_floor: Optional[float] = None  # SharedCpus.host_s_per_stage_s; None where the ranks had CPUs enough
+    cpu_floor_words: Optional[str] = None  # the floor in the plan line's words (plan_lines.shared_cpus_sentence)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,12 +66,9 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
     if not plan or not rows:
         return None
     run = MeasuredRun.of_report(report)
-    scale = run.basis.time_scale if run.basis is not None else 1.0
+    scale, overheads = run.time_scale, run.scaled_overheads
     rows = sorted(rows, key=lambda row: row["index"])
-    overheads = [overhead * scale for overhead in run.overheads]
-    ran = ran_stage_s(rows, overheads, scale, len(run.parts) - 1)
-    options = recompute_options(rows, overheads, run.micro_batches, len(run.parts) - 1, run.memory, run.schedule,
-                                 scale)
+    options = recompute_options(run, len(run.parts) - 1)
     memory_rows = {layer.index: layer for layer in run.memory[0]} if run.memory is not None else {}
     layers = []
     for position, row in enumerate(rows):
@@ -81,10 +80,11 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             both.recompute_s if both else None, both.recomputable if both else None,
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
     cpus = run.shared_cpus
-    return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(ran, run.micro_batches, cpus),
+    return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(run.ran_stage_s, run.micro_batches, cpus),
                        list(run.parts), overheads, layers,
                        _positions(run, options), options is not None,
-                       plan.get("memory_limit_bytes"), cpus.host_s_per_stage_s if cpus is not None else None)
+                       plan.get("memory_limit_bytes"), cpus.host_s_per_stage_s if cpus is not None else None,
+                       shared_cpus_sentence(cpus.as_dict()) if cpus is not None else None)
 
 
 def _positions(run: MeasuredRun, options) -> Optional[List[PositionMemory]]:

@@ -3,8 +3,8 @@
 plan's basis (`plan_basis`: the measured times scaled to the steady iterations)."""
 from typing import Optional
 
+from patches.partition.measured_run import Basis
 from patches.partition.planner import SharedCpus
-from patches.partition.report_plan import Basis
 from patches.profiler.context import IterationTiming, ReportContext
 
 # A profiled iteration this much slower than the steady unprofiled ones was still warming up (the profiler's own
