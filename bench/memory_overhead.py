@@ -2,6 +2,7 @@
 the measured one, on a GPT whose LM head outweighs a layer.
 
     python bench/memory_overhead.py            # spawns 2 ranks (pipeline 2) on CPU
+    python bench/memory_overhead.py --reference  # part 1's reference GPT instead (profiler_overhead.py's)
     python bench/memory_overhead.py --quick    # the tiniest GPT, one round: a smoke run
 
 GPT: hidden 128, 8 layers, sequence 128, micro-batch 4, 8 micro-batches, vocabulary 16,384, pipeline 2, fp32,
@@ -17,7 +18,18 @@ import contextlib
 import torch.distributed as dist
 
 # A script: its own directory is on sys.path, so the sibling harness imports by name.
-from harness import TINY, build_pipeline_engine, init_megatron, launched, median, print0, spawn, table, timed_iteration
+from harness import (
+    REFERENCE,
+    TINY,
+    build_pipeline_engine,
+    init_megatron,
+    launched,
+    median,
+    print0,
+    spawn,
+    table,
+    timed_iteration,
+)
 
 LM_HEAD_GPT = {"hidden": 128, "heads": 4, "layers": 8, "seq": 128, "micro_batch": 4, "micro_batches": 8,
                "vocab": 16384}
@@ -31,7 +43,7 @@ class _NoMemory:
     def started(cls, *args, **kwargs):
         return cls()
 
-    def instruction(self, name, buffer_id=None):
+    def instruction_guarded(self, name, buffer_id=None):
         return contextlib.nullcontext()
 
     def stop(self):
@@ -101,8 +113,10 @@ def worker(shape, rounds):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiniest GPT, one round")
+    parser.add_argument("--reference", action="store_true",
+                        help="profiler_overhead.py's reference GPT (layers outweigh the LM head) instead")
     options = parser.parse_args()
-    shape, rounds = (TINY, 1) if options.quick else (LM_HEAD_GPT, 5)
+    shape, rounds = (TINY, 1) if options.quick else (REFERENCE if options.reference else LM_HEAD_GPT, 5)
     if launched():
         worker(shape, rounds)
     else:
