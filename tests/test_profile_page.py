@@ -98,7 +98,7 @@ def test_the_what_if_is_the_planners_on_random_choices(golden_page, report):
 
 def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, tmp_path):
     """A CPU run whose ranks shared too few CPUs (the plan's basis.shared_cpus): the page's what-if is the planner's
-    with the host's work as the floor, to the last digit."""
+    with the schedule run on the CPUs they share, to the last digit."""
     shared = copy.deepcopy(report)
     shared["partition_plan"]["basis"]["shared_cpus"] = {"cpus": 1, "ranks": 4, "threads": 1, "ranks_per_stage": 2,
                                                         "share": 0.75}
@@ -117,7 +117,7 @@ def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, 
         assert page.console_errors == []
     # the floor said in the words of the plan's line: the ranks, their threads, the CPUs, the share they ran
     assert lines[-1] == ("4 ranks of 1 thread on 1 CPUs ran 75% of their compute time, waiting for a core the rest: "
-                         "no iteration is predicted shorter than the host's work over its CPUs")
+                         "predicted as the schedule runs on those CPUs")
     assert lines[-1] in plan_line(plan_of(shared, PlanRequest()))
     for (parts, counts), (plain, recomputed) in zip(choices, computed):
         assert plain["predicted_iter_s"] == plan_of(shared, PlanRequest(parts=parts))["predicted_iter_s"]

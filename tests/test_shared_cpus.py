@@ -1,17 +1,20 @@
 """A CPU run whose ranks share fewer CPUs than they run threads (patches/profiler/shared_cpus.py,
 patches/partition/planner.py: SharedCpus): the share of their compute time the stages ran, from the replica's
-instruction events, by hand; when it is not measured; and the plan's floor, the host's work over its CPUs, in the
-planner, a saved report's plan and its recompute what-if. In process."""
+instruction events, by hand; when it is not measured; and the schedule run on the CPUs they share
+(partition/shared_schedule.py), in the planner, a saved report's plan and its recompute what-if. In process."""
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from patches.partition.measured_run import MeasuredRun
 from patches.partition.plan_lines import plan_line
 from patches.partition.planner import LayerCost, SharedCpus, model_iter_s, predict
-from patches.partition.report_plan import MeasuredRun, PlanRequest, plan_of
+from patches.partition.report_plan import PlanRequest, plan_of
 from patches.partition.report_recompute import recompute_what_if
+from patches.partition.shared_schedule import schedule_order, shared_cpus_iter_s
 from patches.partition.what_if import what_if_model
 from patches.profiler.shared_cpus import shared_cpus_of
 
@@ -34,8 +37,9 @@ def four_ranks(**where):
 
 def test_the_share_by_hand():
     # running: 4 ranks x 1 s at 2/4 of a CPU each (2 s of work in 4 s), then 1 rank x 1 s whole: 3 / 5
+    # forward: ranks 0, 1 and 3 a second each, of 5 s of compute instructions
     assert shared_cpus_of(four_ranks(), tp=1, dp=1, device_name="cpu") == SharedCpus(
-        cpus=2, ranks=4, threads=1, ranks_per_stage=1, share=3 / 5)
+        cpus=2, ranks=4, threads=1, ranks_per_stage=1, share=3 / 5, forward_share=3 / 5)
     # each rank's clock onto rank 0's: the same intervals, the same share
     moved = four_ranks()
     for shifted in moved[1:]:
@@ -49,7 +53,7 @@ def test_replicas_on_the_host_run_as_replica_zero():
     a quarter each; [1, 2): 2 ranks, a CPU each: (4 x 1 x 1/4 + 1) / (4 + 1) = 2 / 5."""
     replica = four_ranks(host_ranks=8)
     assert shared_cpus_of(replica, tp=1, dp=2, device_name="cpu") == SharedCpus(
-        cpus=2, ranks=8, threads=1, ranks_per_stage=2, share=2 / 5)
+        cpus=2, ranks=8, threads=1, ranks_per_stage=2, share=2 / 5, forward_share=3 / 5)
 
 
 @pytest.mark.parametrize("why, replica, dp, device", [
@@ -71,37 +75,63 @@ def test_threads_count_against_the_cpus():
     assert shared_cpus_of([dict(e, threads=1) for e in replica], tp=1, dp=1, device_name="cpu") is None
 
 
-HALF = SharedCpus(cpus=2, ranks=4, threads=1, ranks_per_stage=1, share=0.5)
+def test_the_schedule_is_deepspeeds():
+    """shared_schedule.schedule_order: each stage's forwards and backwards in DeepSpeed's TrainSchedule order."""
+    from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSchedule
+
+    for stages, micro_batches in [(2, 8), (4, 8), (4, 3), (3, 2), (1, 4)]:
+        for stage in range(stages):
+            ran = [(isinstance(command, ForwardPass), command.buffer_id)
+                   for step in TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage).steps()
+                   for command in step if isinstance(command, (ForwardPass, BackwardPass))]
+            ours = schedule_order(stage, stages, micro_batches)
+            assert [forward for forward, _ in ran] == [forward for forward, _ in ours], (stages, micro_batches, stage)
 
 
-def test_the_model_is_no_shorter_than_the_hosts_work():
-    # four stages of 1 s, 4 micro-batches: the pipeline 4 x 0.25 + 3 x 0.25 = 1.75; the host 0.5 x 4 / 2 = 1.0
-    assert model_iter_s([1.0] * 4, 4, HALF) == model_iter_s([1.0] * 4, 4) == 1.75
-    # on one CPU, every stage running all its time: the host's 4 s of work bound
-    whole = SharedCpus(cpus=1, ranks=4, threads=1, ranks_per_stage=1, share=1.0)
-    assert model_iter_s([1.0] * 4, 4, whole) == 4.0
-    assert whole.floor_s([1.0, 2.0]) == 3.0 and HALF.host_s_per_stage_s == 0.25
+def test_the_schedule_on_shared_cpus_by_hand():
+    """2 stages, 2 micro-batches, a second of forward and one of backward per micro-batch on each. With a CPU each:
+    F0 | F1, F0' | B0' | B0, F1' | B1' | B1 = 6 s, the pipeline model's 2 + 2 + 2. On one CPU, where two run each
+    runs at half: 1 + 2 + 1 + 2 + 1 + 1 = 8 s, the host's work (never idle)."""
+    assert shared_cpus_iter_s([1.0, 1.0], [1.0, 1.0], 2, cpus=2, threads_per_stage=1) == 6.0
+    assert model_iter_s([4.0, 4.0], 2) == 6.0
+    assert shared_cpus_iter_s([1.0, 1.0], [1.0, 1.0], 2, cpus=1, threads_per_stage=1) == 8.0
+    # the measured times, less the waits (share), split as the run's compute was: the same 1 s and 1 s
+    one_cpu = SharedCpus(cpus=1, ranks=2, threads=1, ranks_per_stage=1, share=0.5, forward_share=0.5)
+    assert one_cpu.micro_batch_work_s([8.0, 8.0], 2) == ([1.0, 1.0], [1.0, 1.0])
+    assert model_iter_s([4.0, 4.0], 2, replace_share(one_cpu, 1.0)) == 8.0
 
 
-def test_a_balanced_cut_gains_only_down_to_the_floor():
+def test_a_cut_that_keeps_more_stages_busy_slows_the_others():
+    """Four stages on two CPUs, the last one heavy: moving work off it onto the first three gains less than the
+    pipeline model says, since three stages then run at once more often, each at two thirds of a core."""
+    two_cpus = SharedCpus(cpus=2, ranks=4, threads=1, ranks_per_stage=1, share=1.0, forward_share=1 / 3)
+    heavy, balanced = [1.0, 1.0, 1.0, 6.0], [2.0, 2.0, 2.0, 3.0]
+    pipeline_gain = model_iter_s(balanced, 8) / model_iter_s(heavy, 8)
+    shared_gain = model_iter_s(balanced, 8, two_cpus) / model_iter_s(heavy, 8, two_cpus)
+    assert shared_gain > pipeline_gain
+    # with every stage running all its measured time (share 1): never faster than the host's work over its CPUs,
+    # nor than the pipeline with a CPU each
+    for loads in (heavy, balanced):
+        assert model_iter_s(loads, 8, two_cpus) >= max(sum(loads) / 2, model_iter_s(loads, 8))
+
+
+def test_a_balanced_cut_gains_nothing_on_one_cpu():
     """Ran [0, 3, 4]: loads 3 and 1, m = 2: the pipeline 1.5 + 0.5 + 1.5 = 3.5; measured 6. On one CPU shared by
-    the 2 ranks, running all the time, the host's work is 4 s whatever the cut: the model of the run is 4 (2 s not
-    modelled), and [0, 2, 4], balanced (pipeline 1 + 1 + 1 = 3), is predicted no faster: 4 + 2. The pipeline alone
-    says 3 + 2.5."""
+    the 2 ranks, running all the time, the iteration is the host's 4 s of work whatever the cut (2 s not modelled),
+    so [0, 2, 4], balanced (pipeline 1 + 1 + 1 = 3), is predicted no faster: 4 + 2. The pipeline alone says
+    3 + 2.5."""
     layers = [LayerCost(i, "Layer", 0 if i < 3 else 1, 1.0) for i in range(4)]
     measured = dict(current_parts=[0, 3, 4], overhead_s=[0.0, 0.0], measured_iter_s=6.0, micro_batches=2)
-    one_cpu = SharedCpus(cpus=1, ranks=2, threads=1, ranks_per_stage=1, share=1.0)
+    one_cpu = SharedCpus(cpus=1, ranks=2, threads=1, ranks_per_stage=1, share=1.0, forward_share=0.5)
     assert predict(layers, parts=[0, 2, 4], cpus=one_cpu, **measured).predicted_iter_s == 4.0 + 2.0
     assert predict(layers, parts=[0, 2, 4], **measured).predicted_iter_s == 3.0 + 2.5
-    # half the time waiting: the host's work 0.5 x 4 = 2 s, below both pipelines: the model alone
-    assert predict(layers, parts=[0, 2, 4], cpus=replace_share(one_cpu, 0.5), **measured).predicted_iter_s == 5.5
-    # three ranks per stage (tensor x data parallel) on one CPU: 12 s of work bounds both cuts
-    many = SharedCpus(cpus=1, ranks=6, threads=1, ranks_per_stage=3, share=1.0)
+    # three ranks per stage (tensor x data parallel) on one CPU: 12 s of work for both cuts
+    many = SharedCpus(cpus=1, ranks=6, threads=1, ranks_per_stage=3, share=1.0, forward_share=0.5)
     assert predict(layers, parts=[0, 2, 4], cpus=many, **measured).predicted_iter_s == 12.0 + (6.0 - 12.0)
 
 
 def replace_share(shared, share):
-    return SharedCpus(shared.cpus, shared.ranks, shared.threads, shared.ranks_per_stage, share)
+    return dataclasses.replace(shared, share=share)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +154,11 @@ def test_a_saved_reports_plan_and_what_if_take_the_floor(shared_report):
     measured = shared_report["totals"]["throughput_iter_s"]
     expected = 2.0 * sum(plan["stage_s"]) + measured - 2.0 * sum(ran) * 1.0
     assert plan["predicted_iter_s"] == pytest.approx(expected, rel=1e-12) and scale > 0
-    assert "4 ranks of 1 thread on 1 CPUs ran 100% of their compute time, waiting for a core the rest: no " \
-           "iteration is predicted shorter than the host's work over its CPUs" in plan_line(plan_of(shared_report))
+    assert "4 ranks of 1 thread on 1 CPUs ran 100% of their compute time, waiting for a core the rest: predicted " \
+           "as the schedule runs on those CPUs" in plan_line(plan_of(shared_report))
     what_if = recompute_what_if(shared_report, [0, 4, 7], [1, 1])
     assert what_if["predicted_iter_s"] == pytest.approx(2.0 * sum(what_if["stage_s"]) + measured - 2.0 * sum(ran),
                                                         rel=1e-12)
-    assert what_if_model(shared_report).cpu_floor == 2.0
+    assert what_if_model(shared_report).shared_cpus == dict(run.basis.shared_cpus.as_dict(), forward_share=None)
     # without it, the golden report's own plan is the pipeline model's
-    assert what_if_model(json.loads(GOLDEN.read_text())).cpu_floor is None
+    assert what_if_model(json.loads(GOLDEN.read_text())).shared_cpus is None

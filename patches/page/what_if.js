@@ -1,11 +1,62 @@
 // The planner's model (patches/partition/what_if.py): the same terms, the same formulas, sums in the same order, so
 // that a what-if here is megatron-plan-partition's --parts (and --recompute) to the last digit.
-function modelIterS(stageS, microBatches, cpuFloor) {  // planner.model_iter_s
+function modelIterS(stageS, microBatches, sharedCpus) {  // planner.model_iter_s
+  if (sharedCpus != null) {  // SharedCpus.micro_batch_work_s, then shared_schedule.shared_cpus_iter_s
+    const forward = sharedCpus.forward_share != null ? sharedCpus.forward_share : 1 / 3;
+    return sharedCpusIterS(stageS.map((seconds) => seconds * sharedCpus.share * forward / microBatches),
+                           stageS.map((seconds) => seconds * sharedCpus.share * (1 - forward) / microBatches),
+                           microBatches, sharedCpus.cpus, sharedCpus.threads * sharedCpus.ranks_per_stage);
+  }
   const perMicroBatch = stageS.map((seconds) => seconds / microBatches);
   let sum = 0;
   for (const value of perMicroBatch) sum += value;
-  const pipeline = sum + (microBatches - 1) * Math.max(...perMicroBatch);
-  return cpuFloor == null ? pipeline : Math.max(pipeline, cpuFloor * directSum(stageS));  // SharedCpus.floor_s
+  return sum + (microBatches - 1) * Math.max(...perMicroBatch);
+}
+
+function scheduleOrder(stage, stages, microBatches) {  // shared_schedule.schedule_order: [isForward, micro-batch]
+  const warmUp = Math.min(stages - stage - 1, microBatches);
+  const order = [];
+  for (let i = 0; i < warmUp; i++) order.push([true, i]);
+  for (let i = 0; i < microBatches - warmUp; i++) order.push([true, warmUp + i], [false, i]);
+  for (let i = microBatches - warmUp; i < microBatches; i++) order.push([false, i]);
+  return order;
+}
+
+// shared_schedule.shared_cpus_iter_s: 1F1B with the CPUs split among the ranks that have work, step for step.
+function sharedCpusIterS(forwardS, backwardS, microBatches, cpus, threadsPerStage) {
+  const stages = forwardS.length;
+  const orders = [];
+  for (let stage = 0; stage < stages; stage++) orders.push(scheduleOrder(stage, stages, microBatches));
+  const nextStep = new Array(stages).fill(0);
+  const forwardsDone = new Array(stages).fill(0), backwardsDone = new Array(stages).fill(0);
+  const workLeft = new Array(stages).fill(null);
+  let now = 0;
+  while (orders.some((order, stage) => nextStep[stage] < order.length)) {
+    const running = [];
+    for (let stage = 0; stage < stages; stage++) {
+      if (nextStep[stage] === orders[stage].length) continue;
+      const [isForward, microBatch] = orders[stage][nextStep[stage]];
+      const ready = isForward ? (stage === 0 || forwardsDone[stage - 1] > microBatch)
+                              : (stage === stages - 1 || backwardsDone[stage + 1] > microBatch);
+      if (ready) {
+        if (workLeft[stage] === null) workLeft[stage] = isForward ? forwardS[stage] : backwardS[stage];
+        running.push(stage);
+      }
+    }
+    const rate = Math.min(1, cpus / (running.length * threadsPerStage));
+    const step = Math.min(...running.map((stage) => workLeft[stage] / rate));
+    now += step;
+    for (const stage of running) {
+      if (workLeft[stage] / rate <= step) {
+        if (orders[stage][nextStep[stage]][0]) forwardsDone[stage] += 1; else backwardsDone[stage] += 1;
+        nextStep[stage] += 1;
+        workLeft[stage] = null;
+      } else {
+        workLeft[stage] -= step * rate;
+      }
+    }
+  }
+  return now;
 }
 
 function floorDiv(a, b) {  // Python's // on integers, exact (BigInt) and rounding down for negatives too
@@ -77,7 +128,7 @@ function predictWhatIf(model, parts, counts) {
       }
     }
   }
-  const modelled = modelIterS(stageS, micro, model.cpu_floor);
+  const modelled = modelIterS(stageS, micro, model.shared_cpus);
   const predicted = withRecompute ? modelled + model.measured_iter_s - model.ran_model_s
                                   : modelled + (model.measured_iter_s - model.ran_model_s);
   return {parts: parts.slice(), counts: withRecompute ? counts.slice() : null, stage_s: stageS,
@@ -107,6 +158,6 @@ function whatIfLines(model, result, limit) {
         + ` by ${groupedInteger(peaks[worst] - limit)} bytes`;
   }
   lines.push(words);
-  if (model.cpu_floor_words) lines.push(model.cpu_floor_words);  // the ranks shared too few CPUs: the floor, said
+  if (model.shared_cpus_words) lines.push(model.shared_cpus_words);  // the ranks shared too few CPUs, said
   return lines;
 }

@@ -17,8 +17,8 @@ class Basis:
     iterations: Tuple[int, ...] = ()  # the unprofiled iterations the iteration time is the median of
     spread: Optional[float] = None  # (slowest - fastest) / median of those
     note: Optional[str] = None  # why the basis is weak (a warm-up baseline, none), or None
-    # where the run's ranks shared too few CPUs: the stages' share of their time running, which floors every
-    # prediction at the host's work over its CPUs (planner.model_iter_s); None elsewhere
+    # where the run's ranks shared too few CPUs: the stages' share of their time running, with which every
+    # prediction runs the schedule on the CPUs they share (planner.model_iter_s); None elsewhere
     shared_cpus: Optional[SharedCpus] = None
 
     def as_dict(self) -> dict:
@@ -65,7 +65,7 @@ class MeasuredRun:
 
     @property
     def shared_cpus(self) -> Optional[SharedCpus]:
-        """Where its ranks shared too few CPUs, the floor every prediction from it takes (planner.model_iter_s)."""
+        """Where its ranks shared too few CPUs: every prediction from it runs the schedule on them (model_iter_s)."""
         return self.basis.shared_cpus if self.basis is not None else None
 
     @classmethod

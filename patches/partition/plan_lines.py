@@ -101,12 +101,11 @@ def _shared_cpus_words(shared: Optional[dict]) -> str:
 
 
 def shared_cpus_sentence(shared: dict) -> str:
-    """Where the run's ranks shared too few CPUs (planner.SharedCpus as a dict): how much they waited, and the floor
-    every prediction takes (the plan's line says it, and the page's what-if)."""
+    """Where the run's ranks shared too few CPUs (planner.SharedCpus as a dict): how much they waited, and how every
+    prediction takes it (the plan's line says it, and the page's what-if)."""
     threads = f"{shared['threads']} thread{'s' if shared['threads'] > 1 else ''}"
     return (f"{shared['ranks']} ranks of {threads} on {shared['cpus']} CPUs ran {100 * shared['share']:.0f}% of "
-            "their compute time, waiting for a core the rest: no iteration is predicted shorter than the host's work "
-            "over its CPUs")
+            "their compute time, waiting for a core the rest: predicted as the schedule runs on those CPUs")
 
 
 def spread_words(plan: dict) -> str:

@@ -16,8 +16,9 @@ glue). The plan:
    slowest stage: model(t) = sum(t_s) + (m - 1) * max(t_s). What the model leaves out (messages, the
    optimizer step, loading data) is the measured iteration's time minus the model of the partition that
    ran, and is added unchanged: predicted = model(new) + (measured - model(current)). Where a CPU run's ranks
-   share fewer CPUs than they run threads (SharedCpus, measured), a stage's time holds its waits for a core,
-   and the host must do every stage's work whatever the cut: model(t) is no less than that work over its CPUs.
+   share fewer CPUs than they run threads (SharedCpus, measured), a stage's time holds its waits for a core:
+   model(t) is then the same schedule run on the CPUs they share (shared_schedule.py), each stage's work its
+   measured time less those waits.
 
 Under a memory limit (a report with memory terms, memory_model.py), the partition is the best of those whose every
 stage's predicted peak is within the limit (memory_bounded_parts): a stage's peak depends only on its layers and
@@ -29,6 +30,8 @@ The plan of a saved report is report_plan.py's; its lines, plan_lines.py's.
 """
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
+
+from patches.partition.shared_schedule import shared_cpus_iter_s
 
 DEVICE = "device"  # a limit's source: the accelerator's total memory (the others: 'flag', 'environment')
 # peak(stage, first, stop): the predicted memory peak of stage `stage` holding layers first .. stop - 1
@@ -140,22 +143,23 @@ def memory_bounded_parts(costs: Sequence[float], stages: int, overheads: Optiona
 @dataclass(frozen=True)
 class SharedCpus:
     """A CPU run whose ranks share fewer CPUs than they run threads (measured: profiler/shared_cpus.py): a stage's
-    measured time holds its waits for a core, and however the layers are cut, the host's CPUs must do all their
-    work. `share` of the stages' compute time they were running, the rest waiting for a core."""
+    measured time holds its waits for a core, and a cut that keeps more stages busy at once slows each of them.
+    `share` of the stages' compute time they were running, the rest waiting for a core."""
     cpus: int  # the CPUs the host's ranks may run on (the same for each)
     ranks: int  # the job's ranks on the host
     threads: int  # torch's threads per rank
     ranks_per_stage: int  # tensor x data parallel ranks: each runs its stage's time
     share: float
+    # the forward instructions' part of that compute time; None in a report from before it was measured: a third
+    # (a backward about twice its forward)
+    forward_share: Optional[float] = None
 
-    @property
-    def host_s_per_stage_s(self) -> float:
-        """The host's seconds of work over its CPUs for each second of a stage's measured time."""
-        return self.share * self.threads * self.ranks_per_stage / self.cpus
-
-    def floor_s(self, stage_s: Sequence[float]) -> float:
-        """The host's work for these stages over its CPUs: no iteration is shorter."""
-        return self.host_s_per_stage_s * sum(stage_s)
+    def micro_batch_work_s(self, stage_s: Sequence[float], micro_batches: int) -> Tuple[List[float], List[float]]:
+        """Each stage's forward and backward work for one micro-batch at a whole core per thread: its measured time
+        less the waits for a core, split as the run's compute was."""
+        forward = self.forward_share if self.forward_share is not None else 1 / 3
+        return ([seconds * self.share * forward / micro_batches for seconds in stage_s],
+                [seconds * self.share * (1 - forward) / micro_batches for seconds in stage_s])
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -169,10 +173,12 @@ class SharedCpus:
 
 def model_iter_s(stage_s: Sequence[float], micro_batches: int, cpus: Optional[SharedCpus] = None) -> float:
     """DeepSpeed's 1F1B: one micro-batch through every stage, the other m - 1 at the slowest stage's pace; where the
-    ranks share too few CPUs (cpus), no shorter than the host's work over them."""
+    ranks share too few CPUs (cpus), the same schedule on the CPUs they share (shared_schedule.py)."""
+    if cpus is not None:
+        forward, backward = cpus.micro_batch_work_s(stage_s, micro_batches)
+        return shared_cpus_iter_s(forward, backward, micro_batches, cpus.cpus, cpus.threads * cpus.ranks_per_stage)
     per_micro_batch = [seconds / micro_batches for seconds in stage_s]
-    pipeline = sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
-    return max(pipeline, cpus.floor_s(stage_s)) if cpus is not None else pipeline
+    return sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
 
 
 def plan(layers: Sequence[LayerCost], current_parts: Sequence[int], overhead_s: Sequence[float],

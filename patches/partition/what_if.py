@@ -5,7 +5,7 @@ partition's (and each stage's recompute's) time and peaks are a few sums and the
     stage_s[s]   = its layers' seconds + its position's overhead (+ each recomputed layer's recompute_s)
     iteration    = model(stage_s) + measured_iter_s - model(the stages as they ran)
     model(t)     = sum(t / m) + (m - 1) * max(t / m)                                          (planner.model_iter_s)
-                   where the ranks shared too few CPUs, no less than cpu_floor * sum(t)       (SharedCpus.floor_s)
+                   where the ranks shared too few CPUs, 1F1B on the CPUs they share      (shared_schedule.py)
     peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, recompute transient])
 
 Without recompute terms, a layer costs `seconds` and keeps `activation_bytes` (as it ran: planner.predict and
@@ -52,8 +52,8 @@ class WhatIfModel:
     positions: Optional[List[PositionMemory]]  # None: no memory terms
     recompute_terms: bool  # each layer has base_s .. checkpoint_bytes
     memory_limit_bytes: Optional[int]
-    cpu_floor: Optional[float] = None  # SharedCpus.host_s_per_stage_s; None where the ranks had CPUs enough
-    cpu_floor_words: Optional[str] = None  # the floor in the plan line's words (plan_lines.shared_cpus_sentence)
+    shared_cpus: Optional[dict] = None  # SharedCpus.as_dict(); None where the ranks had CPUs enough
+    shared_cpus_words: Optional[str] = None  # in the plan line's words (plan_lines.shared_cpus_sentence)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +83,7 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
     return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(run.ran_stage_s, run.micro_batches, cpus),
                        list(run.parts), overheads, layers,
                        _positions(run, options), options is not None,
-                       plan.get("memory_limit_bytes"), cpus.host_s_per_stage_s if cpus is not None else None,
+                       plan.get("memory_limit_bytes"), cpus.as_dict() if cpus is not None else None,
                        shared_cpus_sentence(cpus.as_dict()) if cpus is not None else None)
 
 

@@ -6,7 +6,9 @@ time and waits for a core the rest, so a stage's measured time holds waits that 
 however the layers are cut the host's CPUs must do all their work. Each rank says where it ran (RankEntry: its
 host, the CPUs it may run on, torch's threads, the launcher's count of the job's ranks on its host); over the
 replica's forward and backward instructions, each running rank runs at the rate the host can give it, min(1, CPUs
-/ threads of the ranks running), and `share` is the work so done over the time those instructions took.
+/ threads of the ranks running), and `share` is the work so done over the time those instructions took;
+`forward_share`, the forward instructions' part of that time. The plan then runs the schedule on those CPUs
+(partition/shared_schedule.py), each stage's work its measured time times `share`.
 
 Measured only where it can be: a CPU device; every rank of the job on one host (the replica's ranks there, and the
 other replicas too where the launcher says how many ranks it started on the host: each replica runs as replica 0
@@ -37,7 +39,8 @@ def shared_cpus_of(replica: List[dict], tp: int, dp: int, device_name: str) -> O
     share = _running_share(replica, threads * dp, cpus)
     if share is None:
         return None
-    return SharedCpus(cpus=cpus, ranks=world, threads=threads, ranks_per_stage=tp * dp, share=share)
+    return SharedCpus(cpus=cpus, ranks=world, threads=threads, ranks_per_stage=tp * dp, share=share,
+                      forward_share=_forward_share(replica))
 
 
 def _running_share(replica: List[dict], threads_per_rank: int, cpus: int) -> Optional[float]:
@@ -59,3 +62,13 @@ def _running_share(replica: List[dict], threads_per_rank: int, cpus: int) -> Opt
             work += running * seconds * min(1.0, cpus / (running * threads_per_rank))
         running, previous = running + change, time
     return work / wall if wall > 0 else None
+
+
+def _forward_share(replica: List[dict]) -> float:
+    """The forward instructions' part of the replica's compute instructions' time (some compute ran: the share did)."""
+    seconds = {True: 0.0, False: 0.0}
+    for entry in replica:
+        for name, _, start, end in entry["events"]:
+            if name in COMPUTE_INSTRUCTIONS and end > start:
+                seconds[name in FORWARD_INSTRUCTIONS] += end - start
+    return seconds[True] / (seconds[True] + seconds[False])
