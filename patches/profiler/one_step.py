@@ -184,7 +184,7 @@ class ProfileSchedule:
         finished = measurement.finish()  # every hook off the engine; what it measured stays readable
         counting_s = self.clock.seconds.get(opened.counted.iteration) if opened.counted is not None else None
         try:
-            reports = GatheredReports.gathered(measurement, finished.entry, opened.iteration,
+            reports = GatheredReports.gathered(measurement, finished, opened.iteration,
                                                self._timing(opened.iteration, seconds, counting_s), self.counting_note)
         except Exception as error:
             if not warned_not_built(error, f"no report of iteration {opened.iteration}"):

@@ -13,12 +13,11 @@ Every source's report(step) returns build_report's dict, built once per step and
 the one way any of them reaches its reader.
 """
 import sys
-from typing import Callable, Iterable, List, Optional, Protocol, Union
+from typing import Callable, Iterable, List, Optional, Protocol
 
 import torch.distributed as dist
 
 from patches.profiler.context import UNDESCRIBED, IterationTiming, ReportContext, RunDescription
-from patches.profiler.entry import RankEntry
 from patches.profiler.files import write_text
 from patches.profiler.gather import (
     GatherResult,
@@ -29,7 +28,7 @@ from patches.profiler.gather import (
     rebuild_report,
 )
 from patches.profiler.layout import EngineLayout
-from patches.profiler.measurement import StageMeasurement
+from patches.profiler.measurement import FinishedMeasurement, StageMeasurement
 from patches.profiler.printed_modules import format_aggregated
 from patches.profiler.printer import format_report
 from patches.profiler.trace import build_trace
@@ -78,18 +77,18 @@ class GatheredReports:
         self._report: Optional[dict] = None
         self._built_over: Optional[IterationTiming] = None  # the timing self._report was built over
         self._entries: Optional[List[dict]] = None  # on global rank 0: replica 0's entries, for the trace
-        self._entry: Union[RankEntry, Exception, None] = None  # the rank's entry, taken already (gathered())
+        self._finished: Optional[FinishedMeasurement] = None  # the measurement's end, taken already (gathered())
         self._gathered: Optional[GatherResult] = None  # what the last report() gathered (to build it again)
         self.step: Optional[int] = None  # the step the report is labelled with, once gathered
         self.flops_counting: Optional[dict] = None  # the report's flops_counting, once gathered
 
     @classmethod
-    def gathered(cls, measurement: StageMeasurement, entry: Union[RankEntry, Exception], step: int,
+    def gathered(cls, measurement: StageMeasurement, finished: FinishedMeasurement, step: int,
                  timing: Optional[IterationTiming] = None, counting_note: Optional[str] = None) -> "GatheredReports":
-        """Collective: the report of a measurement that has finished (StageMeasurement.finish: `entry`), labelled
-        `step`, gathered and built already (ready())."""
+        """Collective: the report of a measurement that has finished (StageMeasurement.finish: `finished`, its
+        entry and module events), labelled `step`, gathered and built already (ready())."""
         reports = cls(measurement, timing=timing, counting_note=counting_note)
-        reports._entry = entry
+        reports._finished = finished
         reports.report(step)
         return reports
 
@@ -102,7 +101,7 @@ class GatheredReports:
         self.measurement.start(ignore_list)
 
     def forget(self) -> None:
-        self._report, self._entries, self._entry = None, None, None
+        self._report, self._entries, self._finished = None, None, None
 
     def ready(self) -> Optional[dict]:
         """The report built already (over the current timing), or None: never gathers (a getter may be called on
@@ -116,7 +115,8 @@ class GatheredReports:
             step = self._report["step"] if self._report is not None else self.measurement.engine.global_steps
         if self._report is None or self._report["step"] != step:
             measurement = self.measurement
-            entry, context = self._entry if self._entry is not None else measurement.entry_or_error(), None
+            finished = self._finished
+            entry, context = finished.entry if finished is not None else measurement.entry_or_error(), None
             try:  # only rank 0's is used; an error here is this rank's failure, named to every rank
                 run = self.run if self.run is not None else describe_run(measurement)
                 context = ReportContext.of(measurement.engine, self._layout(), step, run, self.timing,
@@ -150,7 +150,8 @@ class GatheredReports:
         layout = self._layout()
         if not layout.in_replica:  # the trace shows replica 0 only; its ranks alone gather
             return None
-        gathered = gather_replica((dist.get_rank(), self.measurement.events()), layout, self._groups())
+        events = self._finished.module_events if self._finished is not None else self.measurement.events()
+        gathered = gather_replica((dist.get_rank(), events), layout, self._groups())
         if gathered is None:
             return None
         return build_trace(self._entries, dict(gathered), report["step"])
