@@ -18,7 +18,9 @@ None of that names the rank that failed. So every rank
 Every rank prints one line saying why it stops, then exits non-zero.
 
 SIGTERM reaches the heartbeat thread through signal.set_wakeup_fd, so a rank blocked inside a
-collective still reports and exits at once, as it would without a handler.
+collective still reports and exits at once, as it would without a handler. A rank stopped by SIGTERM when no
+rank has failed (the job ended from outside: DeepSpeed's launcher ends its ranks one after the other) leaves
+that as the verdict, so the others stop at once and say so instead of blaming the rank whose store went away.
 """
 import atexit
 import os
@@ -40,6 +42,8 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 _PREFIX = "megatron/liveness/"
 _VERDICT = _PREFIX + "verdict"
 _SILENT = "no heartbeat"  # how a verdict on a killed rank starts: that rank will never report
+_STOPPED = "stopped by SIGTERM"  # how a verdict starts where no rank failed
+_ENDED_FROM_OUTSIDE = "the job was ended from outside, no rank failed"
 
 _monitor = None
 
@@ -121,7 +125,7 @@ class Liveness:
             message = f"error: rank {self.rank} failed{where}: {summary}"
         else:
             message = f"error: rank {self.rank} stops{where}: {_blame(culprits, reason)}; here: {summary}"
-        self._finish(message, culprits, reason, EXIT_FAILED)
+        self._finish(message, culprits, reason, EXIT_TERMINATED if reason.startswith(_STOPPED) else EXIT_FAILED)
 
     def terminate(self):
         """SIGTERM: the launcher ends this node's ranks because one of them exited."""
@@ -129,9 +133,13 @@ class Liveness:
             return
         self._record("stopped", "stopped by SIGTERM")
         culprits, reason = self._first_failure()
-        message = f"error: rank {self.rank} stopped by SIGTERM"
-        if culprits:
-            message += f": {_blame(culprits, reason)}"
+        if not culprits:  # no rank failed: the others are being stopped too, and may stop now instead of blaming
+            culprits, reason = [self.rank], f"{_STOPPED}: {_ENDED_FROM_OUTSIDE}"  # this rank for its store
+            self._store_verdict(culprits, reason)
+        if reason.startswith(_STOPPED):
+            message = f"error: rank {self.rank} {_STOPPED}: {_ENDED_FROM_OUTSIDE}"
+        else:
+            message = f"error: rank {self.rank} {_STOPPED}: {_blame(culprits, reason)}"
         self._finish(message, culprits, reason, EXIT_TERMINATED)
 
     def follow(self, verdict):
@@ -140,7 +148,8 @@ class Liveness:
             return
         self._record("stopped", "stopped after another rank's failure")
         culprits, reason = verdict
-        self._finish(f"error: rank {self.rank} stops: {_blame(culprits, reason)}", culprits, reason, EXIT_FAILED)
+        code = EXIT_TERMINATED if reason.startswith(_STOPPED) else EXIT_FAILED
+        self._finish(f"error: rank {self.rank} stops: {_blame(culprits, reason)}", culprits, reason, code)
 
     def _finish(self, message, culprits, reason, code):
         print(message, file=sys.stderr, flush=True)
@@ -258,6 +267,8 @@ def _decode_verdict(raw):
 
 def _blame(culprits, reason):
     ranks = ("rank " if len(culprits) == 1 else "ranks ") + ", ".join(str(r) for r in culprits)
+    if reason.startswith(_STOPPED):
+        return f"{ranks} {reason}"
     return f"{ranks} failed first ({reason})" if culprits else "no rank is known to have failed first"
 
 

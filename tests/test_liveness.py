@@ -1,9 +1,11 @@
-"""megatron/liveness.py on its own: what a rank says when it fails after the rendezvous store is gone.
+"""megatron/liveness.py on its own: what a rank says when it fails after the rendezvous store is gone, and
+when the job is ended from outside.
 
 Two plain processes, no training: one hosts the TCPStore (as global rank 0 does), the other starts
 the heartbeat as rank 3 of 4. The host is killed, then rank 3 fails. Rank 0 may well exit before a
 failing rank has written its verdict; the failing rank must still name itself, not blame rank 0, unless
-its error only says that a peer is gone.
+its error only says that a peer is gone. Then two ranks of two, rank 0 hosting the store: rank 0 is sent
+SIGTERM, as DeepSpeed's launcher sends it to its ranks one after the other when the job is stopped.
 """
 import os
 import signal
@@ -81,3 +83,41 @@ def test_a_rank_that_lost_its_peer_with_the_store_gone_says_the_store_host_ended
     assert len(lines) == 1 and lines[0].startswith("error: rank 3 stops in iteration 2: rank 0 failed first "
                                                    "(the rendezvous store it hosts at 127.0.0.1:"), lines
     assert lines[0].endswith("here: RuntimeError: Connection closed by peer [127.0.0.1]:4242"), lines
+
+
+RANK_OF_TWO = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    from megatron import liveness
+    rank = int(sys.argv[1])
+    if rank == 0:  # global rank 0 hosts the rendezvous store
+        store = dist.TCPStore("127.0.0.1", int(sys.argv[2]), is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=30))
+    liveness.start(rank=rank, world_size=2)
+    print("started", flush=True)
+    time.sleep(60)  # as a rank computing: only its heartbeat thread can end it
+""")
+
+
+@pytest.mark.launch
+def test_a_job_ended_from_outside_stops_every_rank_at_once_and_blames_none():
+    """SIGTERM to rank 0 with no rank failed: rank 0 says it was stopped, and rank 1, never signalled, stops
+    within a few heartbeats saying the same, instead of blaming rank 0 once its store is gone (or running on)."""
+    port = free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK_OF_TWO, str(rank), str(port)], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        for rank in ranks:
+            assert rank.stdout.readline().strip() == "started"
+        ranks[0].send_signal(signal.SIGTERM)
+        said = [rank.communicate(timeout=15)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    lines = [[line for line in stderr.splitlines() if line.startswith("error: rank")] for stderr in said]
+    assert lines == [["error: rank 0 stopped by SIGTERM: the job was ended from outside, no rank failed"],
+                     ["error: rank 1 stops: rank 0 stopped by SIGTERM: the job was ended from outside, no rank "
+                      "failed"]], said
+    assert [rank.returncode for rank in ranks] == [128 + signal.SIGTERM] * 2
