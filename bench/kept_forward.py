@@ -15,6 +15,7 @@ micro-batches, with the thread's system time and minor page faults (getrusage, R
 where the kept forward's excess over the checkpointed one is kernel time (page faults of fresh memory) or not.
 
     python bench/kept_forward.py [--in-flight 2 4] [--repeats 10]
+    python bench/kept_forward.py --quick      # 2 layers, 2 in flight, 3 repeats (tests/test_bench_smoke.py)
 """
 import argparse
 import resource
@@ -86,7 +87,10 @@ def main():
     parser.add_argument("--in-flight", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="2 layers, 2 micro-batches in flight, 3 repeats")
     args = parser.parse_args()
+    if args.quick:
+        args.layers, args.in_flight, args.repeats = 2, [2], 3
     torch.set_num_threads(1)
     torch.manual_seed(0)
     for name, (hidden, heads, sequence, micro_batch) in SHAPES.items():

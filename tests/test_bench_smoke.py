@@ -72,3 +72,12 @@ def test_recompute_plan_scaling_quick(tmp_path):
     line = process.stdout.strip().splitlines()[-1]
     assert re.match(r"24 layers, pp  4: \d+\.\d{3} s per plan .* recompute per stage \[\d+, \d+, \d+, \d+\];", line)
     assert line.endswith("fits: True"), line
+
+
+def test_kept_forward_quick(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "kept_forward.py"), "--quick"]
+    process = subprocess.run(command, cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, explain(process)
+    ratios = re.findall(r"the checkpointed forward / the kept one: x(\d+\.\d\d); recomputing adds [+-]\d+\.\d ms, "
+                        r"the plan from a run without recompute prices it at \+(\d+\.\d) ms", process.stdout)
+    assert len(ratios) == 2, explain(process)  # the fork's shape and upstream's, 2 micro-batches in flight each
