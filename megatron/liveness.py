@@ -107,6 +107,7 @@ class Liveness:
         if named and self.rank not in named:
             # A collective told every rank who failed (the profile report's gather): no guessing.
             self._record("stopped", summary + where)
+            self._store_verdict(named, error.reason)  # for a rank the launcher stops before its own error reaches it
             self._finish(f"error: rank {self.rank} stops{where}: {_blame(named, error.reason)}", named, error.reason,
                          EXIT_FAILED)
         self._record("error", summary + where)
@@ -133,13 +134,15 @@ class Liveness:
             return
         self._record("stopped", "stopped by SIGTERM")
         culprits, reason = self._first_failure()
-        if not culprits:  # no rank failed: the others are being stopped too, and may stop now instead of blaming
-            culprits, reason = [self.rank], f"{_STOPPED}: {_ENDED_FROM_OUTSIDE}"  # this rank for its store
-            self._store_verdict(culprits, reason)
+        if not culprits and self._none_left():
+            # No rank failed or left: the job is being ended from outside, and the others may stop now instead of
+            # blaming this rank once its store is gone. (A verdict another rank stored meanwhile stands.)
+            culprits, reason = self._store_verdict([self.rank], f"{_STOPPED}: {_ENDED_FROM_OUTSIDE}")
+        message = f"error: rank {self.rank} {_STOPPED}"
         if reason.startswith(_STOPPED):
-            message = f"error: rank {self.rank} {_STOPPED}: {_ENDED_FROM_OUTSIDE}"
-        else:
-            message = f"error: rank {self.rank} {_STOPPED}: {_blame(culprits, reason)}"
+            message += f": {_ENDED_FROM_OUTSIDE}"
+        elif culprits:
+            message += f": {_blame(culprits, reason)}"
         self._finish(message, culprits, reason, EXIT_TERMINATED)
 
     def follow(self, verdict):
@@ -187,11 +190,20 @@ class Liveness:
             pass
 
     def _store_verdict(self, culprits, reason):
-        """Best effort: the first verdict stays, and a store already gone changes nothing."""
+        """Best effort: the first verdict stays, and a store already gone changes nothing. Returns the verdict that
+        stands: (culprits, reason), or the one another rank stored first."""
         try:
-            self.store.compare_set(_VERDICT, "", _encode_verdict(culprits, reason))
+            return _decode_verdict(self.store.compare_set(_VERDICT, "", _encode_verdict(culprits, reason)))
         except Exception:
-            pass
+            return culprits, reason
+
+    def _none_left(self):
+        """Whether no rank has left a record of ending (a normal exit included: a rank that exits 2 on bad input
+        leaves through the interpreter's exit, and the launcher then stops the others); False when the store is gone."""
+        try:
+            return not any(self._records(kind) for kind in ("error", "exited"))
+        except Exception:
+            return False
 
     def _records(self, kind):
         """{rank: (sequence number, text)} of the ranks that left a `kind` record."""

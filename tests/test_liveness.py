@@ -94,20 +94,29 @@ RANK_OF_TWO = textwrap.dedent("""
     if rank == 0:  # global rank 0 hosts the rendezvous store
         store = dist.TCPStore("127.0.0.1", int(sys.argv[2]), is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=30))
-    liveness.start(rank=rank, world_size=2)
+    monitor = liveness.start(rank=rank, world_size=2)
+    while monitor.store.add(f"megatron/liveness/heartbeat/{rank}", 0) == 0:  # its heartbeat has begun
+        time.sleep(0.05)
     print("started", flush=True)
+    if sys.argv[3:] == ["exits"]:
+        sys.exit(2)  # as a rank refusing bad input: through the interpreter's exit, no error record
     time.sleep(60)  # as a rank computing: only its heartbeat thread can end it
 """)
+
+
+def _ranks_of_two(rank_1_exits=False):
+    port = free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+    return [subprocess.Popen([sys.executable, "-c", RANK_OF_TWO, str(rank), str(port)]
+                             + (["exits"] if rank == 1 and rank_1_exits else []), env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
 
 
 @pytest.mark.launch
 def test_a_job_ended_from_outside_stops_every_rank_at_once_and_blames_none():
     """SIGTERM to rank 0 with no rank failed: rank 0 says it was stopped, and rank 1, never signalled, stops
     within a few heartbeats saying the same, instead of blaming rank 0 once its store is gone (or running on)."""
-    port = free_port()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK_OF_TWO, str(rank), str(port)], env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    ranks = _ranks_of_two()
     try:
         for rank in ranks:
             assert rank.stdout.readline().strip() == "started"
@@ -121,3 +130,22 @@ def test_a_job_ended_from_outside_stops_every_rank_at_once_and_blames_none():
                      ["error: rank 1 stops: rank 0 stopped by SIGTERM: the job was ended from outside, no rank "
                       "failed"]], said
     assert [rank.returncode for rank in ranks] == [128 + signal.SIGTERM] * 2
+
+
+@pytest.mark.launch
+def test_a_rank_that_exited_first_is_no_job_ended_from_outside():
+    """Rank 1 exits 2 (as on bad input: no error record, the interpreter's exit), then the launcher stops rank 0:
+    rank 0 says it was stopped and claims nothing about who failed."""
+    ranks = _ranks_of_two(rank_1_exits=True)
+    try:
+        for rank in ranks:
+            assert rank.stdout.readline().strip() == "started"
+        assert ranks[1].wait(timeout=15) == 2
+        ranks[0].send_signal(signal.SIGTERM)
+        _, stderr = ranks[0].communicate(timeout=15)
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [line for line in stderr.splitlines() if line.startswith("error: rank")] == [
+        "error: rank 0 stopped by SIGTERM"], stderr
+    assert ranks[0].returncode == 128 + signal.SIGTERM
