@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from patches.partition.memory_model import memory_terms_of
-from patches.partition.planner import SharedCpus
+from patches.partition.planner import SharedCpus, model_iter_s
 from patches.partition.table import layer_seconds, parts_from_layers
 
 
@@ -62,6 +62,12 @@ class MeasuredRun:
         scale, overheads = self.time_scale, self.scaled_overheads
         return [sum(layer_seconds(row) * scale for row in self.layers if row["stage"] == s) + overheads[s]
                 for s in range(len(self.parts) - 1)]
+
+    @property
+    def ran_model_iter_s(self) -> float:
+        """The model's iteration for the partition as it ran; the measured iteration minus this is what the model
+        leaves out, which every prediction from this run adds back."""
+        return model_iter_s(self.ran_stage_s, self.micro_batches, self.shared_cpus)
 
     @property
     def shared_cpus(self) -> Optional[SharedCpus]:

@@ -104,8 +104,7 @@ def _recompute_dict(parts: List[int], stages: List[StageChoice], run: MeasuredRu
     """recompute_plan's dict: its iteration predicted as the partition plan's (the model, plus what it leaves out of
     the measured iteration: that iteration minus the model of the stages as they ran)."""
     stage_s, cpus, micro_batches = [stage.seconds for stage in stages], run.shared_cpus, run.micro_batches
-    predicted = model_iter_s(stage_s, micro_batches, cpus) + run.iter_s - model_iter_s(run.ran_stage_s, micro_batches,
-                                                                                       cpus)
+    predicted = model_iter_s(stage_s, micro_batches, cpus) + run.iter_s - run.ran_model_iter_s
     return {"parts": list(parts), "recompute_layers": [stage.recomputed for stage in stages], "stage_s": stage_s,
             "predicted_iter_s": predicted, "predicted_change": predicted / run.iter_s - 1,
             "predicted_peak_bytes": [stage.peak_bytes for stage in stages],

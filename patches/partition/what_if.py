@@ -22,7 +22,6 @@ from typing import List, Optional
 from patches.partition.measured_run import MeasuredRun
 from patches.partition.memory_model import PositionMemory
 from patches.partition.plan_lines import shared_cpus_sentence
-from patches.partition.planner import model_iter_s
 from patches.partition.report_recompute import recompute_options
 from patches.partition.table import layer_seconds
 
@@ -80,7 +79,7 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             both.recompute_s if both else None, both.recomputable if both else None,
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
     cpus = run.shared_cpus
-    return WhatIfModel(run.micro_batches, run.iter_s, model_iter_s(run.ran_stage_s, run.micro_batches, cpus),
+    return WhatIfModel(run.micro_batches, run.iter_s, run.ran_model_iter_s,
                        list(run.parts), overheads, layers,
                        _positions(run, options), options is not None,
                        plan.get("memory_limit_bytes"), cpus.as_dict() if cpus is not None else None,

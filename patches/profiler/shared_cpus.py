@@ -15,7 +15,7 @@ other replicas too where the launcher says how many ranks it started on the host
 does); the same CPUs for each rank (ranks pinned apart have no CPU to share). Elsewhere None, and the plan is the
 pipeline model alone.
 """
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 from patches.partition.planner import SharedCpus
 from patches.profiler.instructions import BACKWARD_INSTRUCTIONS, FORWARD_INSTRUCTIONS
@@ -48,11 +48,8 @@ def _running_share(replica: List[dict], threads_per_rank: int, cpus: int) -> Opt
     give it, over the time it took. threads_per_rank: the threads a running replica rank stands for (every
     replica's rank at that place runs alike)."""
     edges = []  # (time, +1 a rank starts computing / -1 it stops)
-    for entry in replica:
-        offset = entry["clock_offset_s"]
-        for name, _, start, end in entry["events"]:
-            if name in COMPUTE_INSTRUCTIONS and end > start:
-                edges += [(start - offset, 1), (end - offset, -1)]
+    for _, start, end in _compute_spans(replica):
+        edges += [(start, 1), (end, -1)]
     edges.sort()
     running, work, wall, previous = 0, 0.0, 0.0, None
     for time, change in edges:
@@ -67,8 +64,15 @@ def _running_share(replica: List[dict], threads_per_rank: int, cpus: int) -> Opt
 def _forward_share(replica: List[dict]) -> float:
     """The forward instructions' part of the replica's compute instructions' time (some compute ran: the share did)."""
     seconds = {True: 0.0, False: 0.0}
+    for name, start, end in _compute_spans(replica):
+        seconds[name in FORWARD_INSTRUCTIONS] += end - start
+    return seconds[True] / (seconds[True] + seconds[False])
+
+
+def _compute_spans(replica: List[dict]) -> Iterator[Tuple[str, float, float]]:
+    """Each compute instruction that took time on any of the replica's ranks: (name, start, end) on one clock."""
     for entry in replica:
+        offset = entry["clock_offset_s"]
         for name, _, start, end in entry["events"]:
             if name in COMPUTE_INSTRUCTIONS and end > start:
-                seconds[name in FORWARD_INSTRUCTIONS] += end - start
-    return seconds[True] / (seconds[True] + seconds[False])
+                yield name, start - offset, end - offset
