@@ -3,6 +3,7 @@ whose large-vocabulary LM head weighs down the last stage.
 
     python bench/partition_speedup.py                  # pp 2 and pp 4, 5 interleaved rounds
     python bench/partition_speedup.py --pp 2 --rounds 3
+    python bench/partition_speedup.py --pp 4 --rounds 3 --checkpoint-activations   # every layer recomputed
     python bench/partition_speedup.py --quick          # the tiny GPT at pp 2, one round: a smoke run
     python bench/partition_speedup.py --upstream DIR --upstream-python PY --pp 2   # upstream's pretrain_gpt.py
 
@@ -188,10 +189,11 @@ def print_results(target, pp, plan, parts, measured, predictions, shape):
         ms = statistics.median(times)
         rows.append([name, str(parts[name]), f"{ms:.1f}", f"{ms / default_ms:.3f}"])
     profiled = plan["predicted_iter_s"] * 1000
-    print(f"\n{target.name}, pp {pp}, {len(measured[PLANNED])} rounds; shape {shape}")
+    recomputed = ", every layer recomputed" if "--checkpoint-activations" in target.flags else ""
+    print(f"\n{target.name}, pp {pp}, {len(measured[PLANNED])} rounds{recomputed}; shape {shape}")
     if pp > (os.cpu_count() or 1):
         print(f"note: {pp} ranks on {os.cpu_count()} cores share them: the machine's total work, not the bounding "
-              "stage alone, sets the pace (the plan's model gives each stage a device of its own)")
+              "stage alone, sets the pace (the plan predicts by DeepSpeed's schedule run on the CPUs they share)")
     print(table(["partition", "parts", "median ms/iter", "/ default"], rows))
     print(f"the plan {plan['parts']}, predicted by the profiled run (its default partition measured "
           f"{plan['measured_iter_s'] * 1000:.1f} ms): {profiled:.1f} ms ({profiled / planned_ms - 1:+.1%} off the "
@@ -199,6 +201,10 @@ def print_results(target, pp, plan, parts, measured, predictions, shape):
     median = statistics.median(predictions)
     print(f"predicted by each round's default run: median {median:.1f} ms ({median / planned_ms - 1:+.1%} off), "
           f"from {min(predictions):.1f} to {max(predictions):.1f} ms")
+    rounds = ", ".join(f"{planned / default - 1:+.1%}" for planned, default in zip(measured[PLANNED],
+                                                                                    measured[DEFAULT_NAME]))
+    print(f"the plan's change from the default: predicted {plan['predicted_change']:+.1%} (the profiled run), "
+          f"measured {planned_ms / default_ms - 1:+.1%} (the medians; round by round {rounds})")
 
 
 def main():
@@ -208,6 +214,8 @@ def main():
     parser.add_argument("--iterations", type=int, default=12, help="per launch, the last profiled")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="the tiny GPT at pp 2, one round: a smoke run")
+    parser.add_argument("--checkpoint-activations", action="store_true",
+                        help="every launch recomputes every transformer layer (Megatron's flag)")
     parser.add_argument("--upstream", metavar="DIR", help="an upstream Megatron-DeepSpeed checkout to run instead")
     parser.add_argument("--upstream-python", metavar="PY", default=sys.executable,
                         help="the interpreter of the environment upstream runs in (default: this one)")
@@ -221,6 +229,8 @@ def main():
         if args.upstream:
             shape = UPSTREAM_QUICK if args.quick else UPSTREAM_SHAPE
             target = upstream_target(args.upstream, args.upstream_python, shape, Path(work))
+        if args.checkpoint_activations:
+            target.flags.append("--checkpoint-activations")
         for pp in pps:
             plan, parts, measured, predictions = measure(target, shape, pp, rounds, iterations, warmup, Path(work))
             print_results(target, pp, plan, parts, measured, predictions, shape)
