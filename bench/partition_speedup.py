@@ -4,6 +4,7 @@ whose large-vocabulary LM head weighs down the last stage.
     python bench/partition_speedup.py                  # pp 2 and pp 4, 5 interleaved rounds
     python bench/partition_speedup.py --pp 2 --rounds 3
     python bench/partition_speedup.py --pp 4 --rounds 3 --checkpoint-activations   # every layer recomputed
+    python bench/partition_speedup.py --pp 2 --rounds 3 --shape first-try --checkpoint-activations
     python bench/partition_speedup.py --quick          # the tiny GPT at pp 2, one round: a smoke run
     python bench/partition_speedup.py --upstream DIR --upstream-python PY --pp 2   # upstream's pretrain_gpt.py
 
@@ -51,6 +52,9 @@ UNBALANCED = {"hidden": 128, "heads": 4, "layers": 8, "seq": 128, "micro_batch":
 # upstream: GPT-2's vocabulary size (50,304 padded), tied, over hidden 64: the head and its loss weigh more than
 # the eight layers; seq 512 at micro-batch 1 keeps the GEMMs large
 GPT2_VOCAB = 50257
+# a new user's first try (hidden 256, the LM head tied to the embedding, 4 micro-batches of 2): --shape first-try
+FIRST_TRY = {"hidden": 256, "heads": 4, "layers": 8, "seq": 128, "micro_batch": 2, "micro_batches": 4,
+             "vocab": 16384, "tied": True}
 UPSTREAM_SHAPE = {"hidden": 64, "heads": 4, "layers": 8, "seq": 512, "micro_batch": 1, "micro_batches": 8}
 UPSTREAM_QUICK = {"hidden": 64, "heads": 4, "layers": 4, "seq": 32, "micro_batch": 1, "micro_batches": 4}
 TINY = {"hidden": 32, "heads": 4, "layers": 4, "seq": 16, "micro_batch": 2, "micro_batches": 4, "vocab": 2048}
@@ -88,8 +92,9 @@ class Target:
 
 
 def fork_target(shape):
-    flags = ["--synthetic-vocab-size", shape["vocab"], "--make-vocab-size-divisible-by", 8,
-             "--untie-embeddings-and-output-weights"]
+    flags = ["--synthetic-vocab-size", shape["vocab"], "--make-vocab-size-divisible-by", 8]
+    if not shape.get("tied"):
+        flags.append("--untie-embeddings-and-output-weights")
     methods = {name: ["--pp-partition-method", method] for name, method in METHODS.items()}
     return Target("this repository's pretrain_gpt.py", str(Path(sys.executable).parent / "deepspeed"), [],
                   str(REPO / "pretrain_gpt.py"), None, flags, {"PYTHONPATH": str(REPO)}, methods)
@@ -214,13 +219,16 @@ def main():
     parser.add_argument("--iterations", type=int, default=12, help="per launch, the last profiled")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="the tiny GPT at pp 2, one round: a smoke run")
+    parser.add_argument("--shape", choices=["unbalanced", "first-try"], default="unbalanced",
+                        help="the fork's GPT: the untied head over 16,384 words (default), or FIRST_TRY's")
     parser.add_argument("--checkpoint-activations", action="store_true",
                         help="every launch recomputes every transformer layer (Megatron's flag)")
     parser.add_argument("--upstream", metavar="DIR", help="an upstream Megatron-DeepSpeed checkout to run instead")
     parser.add_argument("--upstream-python", metavar="PY", default=sys.executable,
                         help="the interpreter of the environment upstream runs in (default: this one)")
     args = parser.parse_args()
-    shape, pps, rounds, iterations, warmup = UNBALANCED, args.pp, args.rounds, args.iterations, args.warmup
+    shape = FIRST_TRY if args.shape == "first-try" else UNBALANCED
+    pps, rounds, iterations, warmup = args.pp, args.rounds, args.iterations, args.warmup
     if args.quick:
         shape, pps, rounds, iterations, warmup = TINY, [2], 1, 5, 1
     print(machine(), flush=True)
