@@ -4,7 +4,7 @@ whose large-vocabulary LM head weighs down the last stage.
     python bench/partition_speedup.py                  # pp 2 and pp 4, 5 interleaved rounds
     python bench/partition_speedup.py --pp 2 --rounds 3
     python bench/partition_speedup.py --pp 4 --rounds 3 --checkpoint-activations   # every layer recomputed
-    python bench/partition_speedup.py --pp 2 --rounds 3 --shape first-try --checkpoint-activations
+    python bench/partition_speedup.py --pp 2 --rounds 5 --shape first-try --checkpoint-activations
     python bench/partition_speedup.py --quick          # the tiny GPT at pp 2, one round: a smoke run
     python bench/partition_speedup.py --upstream DIR --upstream-python PY --pp 2   # upstream's pretrain_gpt.py
 
