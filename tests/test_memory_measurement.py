@@ -291,8 +291,9 @@ def _instruction(name, buffer_id, start, high, end):
 
 def test_the_peak_terms_of_a_1f1b_stage():
     """Stage 0 of 2, 3 micro-batches of 100 bytes each (its 10-byte input loaded first), 2 in flight; each backward
-    rises 7 above its start; the step holds 50 beyond base and state at its highest; 40 bytes more at the end than
-    at the start (the iteration still holds its loss): the base is read at the start."""
+    rises 7 above its start; the step holds 50 beyond base and state at its highest, the optimizer's own step 45;
+    40 bytes more at the end than at the start (the iteration still holds its loss): the base is read at the
+    start."""
     base = 1000
     trace_instructions = (
         _instruction("LoadMicroBatch", 0, base, base + 10, base + 10),
@@ -313,6 +314,7 @@ def test_the_peak_terms_of_a_1f1b_stage():
     assert terms.base_bytes == 100 and (terms.start_bytes, terms.end_bytes) == (base, base + 40)
     assert terms.kept_bytes_per_micro_batch == 110 and terms.in_flight_micro_batches == 2
     assert terms.compute_transient_bytes == 7 and terms.step_transient_bytes == 50
+    assert terms.optimizer_step_transient_bytes == 45
     assert terms.measured_peak_bytes == base + 227
 
 

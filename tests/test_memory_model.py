@@ -1,16 +1,19 @@
 """partition/memory_model.py: each stage's predicted memory peak for any partition, from a report's terms, against
 sums done by hand."""
 import json
+import random
 
 import pytest
 
 from patches.partition.memory_model import (
     LayerMemory,
     PositionMemory,
+    RangeLargest,
     memory_terms_of,
     positions_for,
     predict_peaks,
     stage_peak,
+    with_step_floor,
 )
 from tests.helpers.golden import GOLDEN
 
@@ -127,3 +130,54 @@ def test_a_recompute_adds_its_rise_to_the_backwards_own():
     last = PositionMemory(0, 0, 1, 1000, 0, 0, holds_the_loss=True)
     assert stage_peak(0, 0, last, 400).compute_peak_bytes == 1000
     assert stage_peak(0, 0, last, 1300).compute_peak_bytes == 1300
+
+
+# An optimizer that updates one tensor at a time: its own step held 4600 beyond base and state on the first stage,
+# whose largest parameter (the embedding's, 2000 bytes) it makes temporaries of (2.3 per byte), and 900 on the last
+# (largest 300: 3 per byte). The floor is the least: 4600 per 2000 bytes of a stage's largest parameter.
+LARGEST = [LayerMemory(0, 4000, 10, largest_param_bytes=2000), LayerMemory(1, 1000, 300, 300),
+           LayerMemory(2, 1000, 300, 300), LayerMemory(3, 2000, 50, 300)]
+
+
+def test_the_optimizers_step_keeps_its_temporaries_of_the_largest_parameter():
+    floored = with_step_floor([FIRST, LAST], [4600, 900], [2000, 300])
+    assert [(p.step_floor_bytes, p.step_floor_param_bytes) for p in floored] == [(4600, 2000), (4600, 2000)]
+    # the embedding alone: the step transient scaled to its state is 5000 x 4000 // 5000 = 4000, but the optimizer
+    # still makes its temporaries of the embedding: 4600 x 2000 // 2000 = 4600; step 100 + 4000 + 4600 = 8700
+    alone = predict_peaks(LARGEST, floored, [0, 1, 4], micro_batches=8)
+    assert alone[0].step_peak_bytes == 8700
+    assert predict_peaks(LARGEST, [FIRST, LAST], [0, 1, 4], micro_batches=8)[0].step_peak_bytes == 8100  # no floor
+    # stage 1 (largest 300): the floor, 4600 x 300 // 2000 = 690, is below the scaled 1500 x 4000 // 3000 = 2000
+    assert alone[1].step_peak_bytes == 700 + 4000 + 2000
+    # the parts that ran: the floor is at most each stage's own optimizer transient, so nothing moves
+    ran = predict_peaks(LARGEST, floored, [0, 2, 4], micro_batches=8)
+    assert [p.predicted_peak_bytes for p in ran] == [p.predicted_peak_bytes for p in predict_peaks(
+        LAYERS, [FIRST, LAST], [0, 2, 4], micro_batches=8)]
+
+
+def test_no_floor_where_the_optimizers_own_transient_is_not_known_or_not_positive():
+    assert with_step_floor([FIRST, LAST], [None, 900], [2000, 300]) == [FIRST, LAST]  # a report from before
+    assert with_step_floor([FIRST, LAST], [4600, 900], [2000, 0]) == [FIRST, LAST]  # a stage without parameters
+    zero = PositionMemory(100, 20, 2, 30, 4100, 5000, fixed_buffer_bytes=4000)
+    assert with_step_floor([zero, LAST], [3900, 900], [2000, 300]) == [zero, LAST]  # ZeRO: buckets, gradients gone
+
+
+def test_a_reports_floor_comes_from_its_stages_and_layers():
+    report = json.loads((GOLDEN / "fork.report.json").read_text())
+    assert all(p.step_floor_param_bytes == 0 for p in memory_terms_of(report)[1])  # recorded before it was measured
+    for stage, transient in zip(report["stages"], (61440, 49152)):
+        stage["memory"]["optimizer_step_transient_bytes"] = transient
+    layers, positions = memory_terms_of(report)
+    # largest parameters: the embedding's 12288 bytes on both stages (the head is tied to it); 49152 / 12288 = 4
+    assert [layer.largest_param_bytes for layer in layers] == [12288, 8192, 8192, 8192, 8192, 128, 12288]
+    assert [(p.step_floor_bytes, p.step_floor_param_bytes) for p in positions] == [(49152, 12288)] * 2
+
+
+def test_the_largest_over_a_range_is_the_largest_of_its_values():
+    rng = random.Random(3)
+    for n in (1, 2, 5, 16, 33):
+        values = [rng.randint(0, 1000) for _ in range(n)]
+        largest = RangeLargest(values)
+        for first in range(n):
+            for stop in range(first, n + 1):
+                assert largest.of(first, stop) == max(values[first:stop], default=0)

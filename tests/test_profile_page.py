@@ -48,6 +48,20 @@ def golden_page(chromium, page_file):
         yield opened_page
 
 
+# each choice's what-if without recompute and with its counts, by the page's own script
+PREDICT_BOTH = """choices => { const p = window.profilePage, model = p.pages[0].what_if;
+    return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
+                                             p.predictWhatIf(model, parts, counts)]); }"""
+
+
+def page_of(report, tmp_path):
+    """The page of this report, written beside it in tmp_path."""
+    path = tmp_path / "flops_profile_step2.json"
+    path.write_text(json.dumps(report))
+    assert profile_page.main([str(path)]) == 0
+    return path.with_suffix(".html")
+
+
 def random_choices(report, count, seed=0):
     """(parts, recompute counts) over the report's layers and stages, every stage non-empty."""
     layers, stages = len(report["layers"]), report["parallelism"]["pipeline_parallel_size"]
@@ -80,10 +94,7 @@ def test_the_page_opens_offline_with_every_part(golden_page, page_file):
 
 def test_the_what_if_is_the_planners_on_random_choices(golden_page, report):
     choices = random_choices(report, CHOICES)
-    computed = golden_page.page.evaluate(  # the page's own script, on the page as it loaded
-        """choices => { const p = window.profilePage, model = p.pages[0].what_if;
-             return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
-                                                      p.predictWhatIf(model, parts, counts)]); }""", choices)
+    computed = golden_page.page.evaluate(PREDICT_BOTH, choices)  # the page's own script, as it loaded
     for (parts, counts), (plain, recomputed) in zip(choices, computed):
         planned = plan_of(report, PlanRequest(parts=parts))
         assert plain["stage_s"] == planned["stage_s"]  # the same floating-point figures, not just close
@@ -102,15 +113,9 @@ def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, 
     shared = copy.deepcopy(report)
     shared["partition_plan"]["basis"]["shared_cpus"] = {"cpus": 1, "ranks": 4, "threads": 1, "ranks_per_stage": 2,
                                                         "share": 0.75}
-    path = tmp_path / "flops_profile_step2.json"
-    path.write_text(json.dumps(shared))
-    assert profile_page.main([str(path)]) == 0
     choices = random_choices(shared, 12, seed=2)
-    with opened(chromium, path.with_suffix(".html")) as page:
-        computed = page.page.evaluate(
-            """choices => { const p = window.profilePage, model = p.pages[0].what_if;
-                 return choices.map(([parts, counts]) => [p.predictWhatIf(model, parts, null),
-                                                          p.predictWhatIf(model, parts, counts)]); }""", choices)
+    with opened(chromium, page_of(shared, tmp_path)) as page:
+        computed = page.page.evaluate(PREDICT_BOTH, choices)
         lines = page.page.evaluate("""([parts, counts]) => { const p = window.profilePage, model = p.pages[0].what_if;
                                       return p.whatIfLines(model, p.predictWhatIf(model, parts, counts), null); }""",
                                    choices[0])
@@ -124,6 +129,28 @@ def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, 
         assert recomputed["predicted_iter_s"] == recompute_what_if(shared, parts, counts)["predicted_iter_s"]
     unshared = plan_of(report, PlanRequest(parts=choices[0][0]))["predicted_iter_s"]
     assert computed[0][0]["predicted_iter_s"] != unshared  # the floor bound here
+
+
+def test_the_what_if_keeps_the_optimizers_floor(chromium, report, tmp_path):
+    """A report whose optimizer's own step transient was measured (memory_model's step floor): the page's peaks are
+    the planner's to the last byte, and the floor binds (the compute transients taken out so that the step peaks)."""
+    floored = copy.deepcopy(report)
+    for stage in floored["stages"]:
+        stage["memory"]["optimizer_step_transient_bytes"] = stage["memory"]["step_transient_bytes"]
+        stage["memory"]["compute_transient_bytes"] = 0
+    unfloored = copy.deepcopy(floored)
+    for stage in unfloored["stages"]:
+        stage["memory"]["optimizer_step_transient_bytes"] = None
+    choices = random_choices(floored, 12, seed=3)
+    with opened(chromium, page_of(floored, tmp_path)) as page:
+        computed = page.page.evaluate(PREDICT_BOTH, choices)
+        assert page.console_errors == []
+    bound = 0
+    for (parts, counts), (plain, recomputed) in zip(choices, computed):
+        assert plain["predicted_peak_bytes"] == plan_of(floored, PlanRequest(parts=parts))["predicted_peak_bytes"]
+        assert recomputed["predicted_peak_bytes"] == recompute_what_if(floored, parts, counts)["predicted_peak_bytes"]
+        bound += plain["predicted_peak_bytes"] != plan_of(unfloored, PlanRequest(parts=parts))["predicted_peak_bytes"]
+    assert bound > 0
 
 
 def test_typed_in_the_page_prints_what_the_command_prints(golden_page, report, capsys):

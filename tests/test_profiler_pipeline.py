@@ -7,7 +7,7 @@ import pytest
 from megatron.arguments import parse_args
 from megatron.tokenizer.tokenizer import padded_vocab_size
 from patches.formats.units import number_to_string
-from patches.profiler.allocator_trace import TRACE_DIRECTORY_VARIABLE, UNSEEN_FREE_MARK
+from patches.profiler.allocator_trace import INSTRUCTION_MARK, TRACE_DIRECTORY_VARIABLE, UNSEEN_FREE_MARK
 from patches.profiler.files import validate_report
 from patches.profiler.printed_stages import GC_LABEL
 from patches.profiler.printer import HEADER
@@ -140,6 +140,29 @@ def _torch_allocator_levels(path):
     return highest, level
 
 
+def _torch_allocator_high_in_last_instruction(path):
+    """The highest level above the start of torch.profiler's exported CPU allocator events while the iteration's
+    last instruction ran (its OptimizerStep), by the measurement's marks in the same trace."""
+    events = json.loads(path.read_text())["traceEvents"]
+    marks = [event for event in events if event.get("name", "").startswith(INSTRUCTION_MARK)]
+    last = max(marks, key=lambda event: int(event["name"][len(INSTRUCTION_MARK):]))
+    start, end = last["ts"], last["ts"] + last["dur"]
+    changes = sorted([(event["ts"], event["args"]["Bytes"]) for event in events
+                      if event.get("name") == "[memory]" and event["args"]["Device Type"] == 0]
+                     + [(event["ts"], -int(event["name"][len(UNSEEN_FREE_MARK):])) for event in events
+                        if event.get("name", "").startswith(UNSEEN_FREE_MARK)])
+    level, highest = 0, None
+    for ts, change in changes:
+        if ts > end:
+            break
+        if ts >= start and highest is None:
+            highest = level
+        level += change
+        if ts >= start:
+            highest = max(highest, level)
+    return level if highest is None else highest
+
+
 def test_memory_per_stage_against_torchs_allocator(profiled, profiled_directory):
     """Measured in iteration 2 (where the FLOPs were counted): the static bytes exactly what fp32 Adam without ZeRO
     holds; the measured peak what torch's own exported allocator events say; the predicted peak within 10% of it."""
@@ -155,6 +178,12 @@ def test_memory_per_stage_against_torchs_allocator(profiled, profiled_directory)
         rise, change = _torch_allocator_levels(
             profiled_directory / "torch_memory" / f"torch_memory_rank{memory['global_rank']}.json")
         assert memory["measured_peak_bytes"] == memory["start_bytes"] + rise
+        # the optimizer's own step: its highest level above base and state (the gradients, gone at the start)
+        optimizer_high = memory["start_bytes"] + _torch_allocator_high_in_last_instruction(
+            profiled_directory / "torch_memory" / f"torch_memory_rank{memory['global_rank']}.json")
+        assert memory["optimizer_step_transient_bytes"] == optimizer_high - memory["base_bytes"] \
+            - memory["state_bytes"] > 0
+        assert memory["optimizer_step_transient_bytes"] <= memory["step_transient_bytes"]
         assert memory["end_bytes"] == memory["start_bytes"] + change
         measured = memory["measured_peak_bytes"]
         assert abs(memory["predicted_peak_bytes"] - measured) <= 0.1 * measured, (stage["stage_id"], memory)

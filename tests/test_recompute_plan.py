@@ -3,6 +3,7 @@ partition and every count of recomputed layers per stage, on small random layer 
 stage's predicted peak is within the limit, as the memory model predicts each."""
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -23,7 +24,7 @@ def _peak_and_seconds(layers, positions, overheads, parts, counts):
         transient = max(0, max(layer.whole_bytes for layer in chosen) - sum(layer.whole_bytes for layer in after)) \
             if chosen else 0
         peaks.append(stage_peak(sum(layer.state_bytes for layer in held), activation, positions[stage],
-                                transient).predicted_peak_bytes)
+                                transient, max(layer.largest_param_bytes for layer in held)).predicted_peak_bytes)
         seconds.append(sum(layer.seconds for layer in held) + sum(layer.recompute_s for layer in chosen)
                        + overheads[stage])
     return peaks, seconds
@@ -55,6 +56,11 @@ def random_case(rng, n, stages):
     positions = [PositionMemory(rng.randint(0, 100), rng.randint(0, 50), stages - s, rng.randint(0, 300),
                                 rng.randint(0, 200), rng.randint(1, 500)) for s in range(stages)]
     overheads = [rng.uniform(0, 3) for _ in range(stages)]
+    # each layer's largest parameter, and in half the cases an optimizer's floor on the step transient
+    layers = [replace(layer, largest_param_bytes=rng.randint(0, 100)) for layer in layers]
+    if rng.random() < 0.5:
+        floor = dict(step_floor_bytes=rng.randint(1, 600), step_floor_param_bytes=rng.randint(1, 100))
+        positions = [replace(position, **floor) for position in positions]
     return layers, positions, overheads
 
 

@@ -66,7 +66,8 @@ function floorDiv(a, b) {  // Python's // on integers, exact (BigInt) and roundi
   return Number(quotient);
 }
 
-function stagePeak(stateBytes, layerActivationBytes, position, recomputeTransientBytes) {  // memory_model.stage_peak
+function stagePeak(stateBytes, layerActivationBytes, position, recomputeTransientBytes, largestParamBytes) {
+  // memory_model.stage_peak
   const activation = layerActivationBytes + position.outside_layers_bytes;
   const held = position.base_bytes + stateBytes;
   const transient = position.holds_the_loss
@@ -75,6 +76,10 @@ function stagePeak(stateBytes, layerActivationBytes, position, recomputeTransien
   const compute = held + position.in_flight_micro_batches * activation + transient;
   let scaled = position.step_transient_bytes - position.fixed_buffer_bytes;
   if (position.step_state_bytes) scaled = floorDiv(BigInt(scaled) * BigInt(stateBytes), position.step_state_bytes);
+  if (position.step_floor_param_bytes) {  // the step floor
+    scaled = Math.max(scaled, floorDiv(BigInt(position.step_floor_bytes) * BigInt(largestParamBytes),
+                                       position.step_floor_param_bytes));
+  }
   const step = held + position.fixed_buffer_bytes + scaled;
   return Math.max(compute, step);
 }
@@ -108,6 +113,8 @@ function predictWhatIf(model, parts, counts) {
   const kept = prefix(layers.map((layer) => layer.activation_bytes));
   for (let s = 0; s < stages; s++) {
     const first = parts[s], stop = parts[s + 1], overhead = model.overhead_s[s];
+    let largestParam = 0;
+    for (let i = first; i < stop; i++) largestParam = Math.max(largestParam, layers[i].largest_param_bytes);
     if (withRecompute) {  // recompute_plan.StageOptions.choice
       const start = recomputable.filter((place) => place < first).length;
       const end = recomputable.filter((place) => place < stop).length;
@@ -118,13 +125,13 @@ function predictWhatIf(model, parts, counts) {
       if (positions) {  // StageOptions._choice and _rise
         const activation = whole[stop] - whole[first] - (saved[start + k] - saved[start]);
         const rise = k ? Math.max(0, largest - (whole[stop] - whole[recomputable[start + k - 1] + 1])) : 0;
-        peaks.push(stagePeak(state[stop] - state[first], activation, positions[s], rise));
+        peaks.push(stagePeak(state[stop] - state[first], activation, positions[s], rise, largestParam));
       }
     } else {  // planner.predict's loads; report_plan.peak_of
       stageS.push(directSum(layers.slice(first, stop).map((layer) => layer.seconds)) + overhead);
       if (positions) {  // as it ran: the measured transient (report_plan.peak_of reads no recompute terms)
         const asRan = Object.assign({}, positions[s], {recomputed_transient_bytes: 0});
-        peaks.push(stagePeak(state[stop] - state[first], kept[stop] - kept[first], asRan, 0));
+        peaks.push(stagePeak(state[stop] - state[first], kept[stop] - kept[first], asRan, 0, largestParam));
       }
     }
   }

@@ -2,8 +2,9 @@
 `stages[s].memory`; patches/profiler/memory.py measures them). No torch or DeepSpeed import.
 
 What moves with a layer (the layer table):
-  state_bytes       its parameters, their gradients and the optimizer's state, as held
-  activation_bytes  what its forward keeps for backward, per micro-batch
+  state_bytes          its parameters, their gradients and the optimizer's state, as held
+  activation_bytes     what its forward keeps for backward, per micro-batch
+  largest_param_bytes  its largest parameter (0 in a report without it)
 What stays with a stage position (stages[s].memory):
   base_bytes               alive at the iteration's start besides the state (the last stage's kept outputs, data)
   outside_layers_bytes     what a micro-batch in flight holds besides its layers' activations (its input and output
@@ -18,10 +19,18 @@ What stays with a stage position (stages[s].memory):
                            (the optimizer's temporaries follow what it updates), but for
   fixed_buffer_bytes       the part of it in buffers of a fixed size (ZeRO's reduction buckets, reduce_bucket_size
                            elements each): the same whatever layers the stage holds (0 in a report without it). The
-                           rest may be negative (ZeRO lets gradients go once copied into a bucket): it scales too
+                           rest may be negative (ZeRO lets gradients go once copied into a bucket): it scales too,
+                           but never below the step floor times the stage's largest parameter:
+  step floor               the optimizer's own transient (OptimizerStep's, less the fixed buffers) per byte of the
+                           stage's largest parameter, the least over the run's stages: an optimizer that updates
+                           one tensor at a time (torch's AdamW on CPU) holds temporaries of the largest (twice its
+                           bytes) whatever else the stage holds, so a stage left with the embedding alone keeps its
+                           step transient although its state shrinks (with_step_floor; none where a report lacks
+                           the terms or a stage's is not positive)
 
     peak = base + state + max(in_flight x (activations + outside) + compute transient,
-                              fixed + (step transient - fixed) x state / state measured)
+                              fixed + max((step transient - fixed) x state / state measured,
+                                          step floor x the stage's largest parameter))
 
 For as many stages as ran, each position keeps its measured terms. For another number of stages, the first and
 the last keep theirs, the stages between take the run's second stage's (or the first's, from a 2-stage run), and
@@ -29,6 +38,7 @@ the micro-batches in flight are DeepSpeed's 1F1B's, min(pp - s, micro-batches): 
 layout is not known, and is refused.
 """
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import List, Optional, Sequence, Tuple
 
 ONE_F_ONE_B = "TrainSchedule"  # DeepSpeed's schedule class, as the report names it
@@ -40,6 +50,7 @@ class LayerMemory:
     index: int
     state_bytes: int
     activation_bytes: int  # per micro-batch
+    largest_param_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,10 @@ class PositionMemory:
     fixed_buffer_bytes: int = 0  # of the step transient: not scaled with the state
     recomputed_transient_bytes: int = 0  # of the compute transient: what the run's recompute here added
     holds_the_loss: bool = False  # the last position (see the module docstring)
+    # the step floor (module docstring), as the ratio of the stage that set it: its optimizer's own transient less
+    # the fixed buffers, and its largest parameter; 0 and 0: none
+    step_floor_bytes: int = 0
+    step_floor_param_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,13 +82,14 @@ class StagePeak:
 
 
 def stage_peak(state_bytes: int, layer_activation_bytes: int, position: PositionMemory,
-               recompute_transient_bytes: int = 0) -> StagePeak:
+               recompute_transient_bytes: int = 0, largest_param_bytes: int = 0) -> StagePeak:
     """The peak of a stage at `position` holding layers of these totals. recompute_transient_bytes: what a recompute
     adds to the backward's rise (recompute_plan.StageOptions._rise: the largest recomputed layer's activations whole,
     less what the layers after the recomputed ones kept, freed by then). It comes on top of the backward's own rise:
     the measured transient, less what the run's own recompute there added to it (recomputed_transient_bytes). On
     the stage that holds the loss the measured transient is the head's (its logits), over before the layers'
-    backward begins: there the larger of the two counts. Measured against 19 launches of the recompute proof
+    backward begins: there the larger of the two counts. largest_param_bytes: the stage's largest parameter (the step
+    floor's). Measured against 19 launches of the recompute proof
     (docs/benchmarks.md, part 13), from a run with recompute and one without: every stage's peak within -1.8% and
     +8.8%."""
     activation = layer_activation_bytes + position.outside_layers_bytes
@@ -87,6 +103,8 @@ def stage_peak(state_bytes: int, layer_activation_bytes: int, position: Position
     scaled = position.step_transient_bytes - position.fixed_buffer_bytes
     if position.step_state_bytes:
         scaled = scaled * state_bytes // position.step_state_bytes
+    if position.step_floor_param_bytes:
+        scaled = max(scaled, position.step_floor_bytes * largest_param_bytes // position.step_floor_param_bytes)
     step = held + position.fixed_buffer_bytes + scaled
     return StagePeak(state_bytes, activation, compute, step, max(compute, step))
 
@@ -104,7 +122,8 @@ def predict_peaks(layers: Sequence[LayerMemory], positions: Sequence[PositionMem
     for stage, position in enumerate(positions_for(positions, stages, micro_batches, schedule)):
         held = ordered[parts[stage]:parts[stage + 1]]
         peaks.append(stage_peak(sum(layer.state_bytes for layer in held),
-                                sum(layer.activation_bytes for layer in held), position))
+                                sum(layer.activation_bytes for layer in held), position,
+                                largest_param_bytes=max(layer.largest_param_bytes for layer in held)))
     return peaks
 
 
@@ -143,4 +162,43 @@ def memory_terms_of(report: dict) -> Optional[Tuple[List[LayerMemory], List[Posi
         return None
     if any(row.get("state_bytes") is None or row.get("activation_bytes") is None for row in layers):
         return None
-    return [LayerMemory(row["index"], row["state_bytes"], row["activation_bytes"]) for row in layers], positions
+    largest = [0] * len(positions)
+    for row in layers:
+        if 0 <= row["stage"] < len(positions):
+            largest[row["stage"]] = max(largest[row["stage"]], row.get("largest_param_bytes") or 0)
+    optimizer = [stage["memory"].get("optimizer_step_transient_bytes") for stage in report["stages"]]
+    return ([LayerMemory(row["index"], row["state_bytes"], row["activation_bytes"], row.get("largest_param_bytes") or 0)
+             for row in layers], with_step_floor(positions, optimizer, largest))
+
+
+def with_step_floor(positions: Sequence[PositionMemory], optimizer_transient_bytes: Sequence[Optional[int]],
+                    largest_param_bytes: Sequence[int]) -> List[PositionMemory]:
+    """The positions with the step floor (module docstring) of a run whose stages' optimizer steps held these
+    transients, their stages these largest parameters: the least of (optimizer transient - fixed) / largest over
+    them; unchanged where one is not known or not positive (ZeRO's step lets gradients go: the state alone scales
+    it)."""
+    rests = [(transient - position.fixed_buffer_bytes if transient is not None else 0, largest)
+             for position, transient, largest in zip(positions, optimizer_transient_bytes, largest_param_bytes)]
+    if not rests or any(rest <= 0 or largest <= 0 for rest, largest in rests):
+        return list(positions)
+    rest, largest = min(rests, key=lambda pair: Fraction(*pair))
+    return [replace(position, step_floor_bytes=rest, step_floor_param_bytes=largest) for position in positions]
+
+
+class RangeLargest:
+    """The largest of values[first:stop] in one step (a sparse table), for the planner's many ranges."""
+
+    def __init__(self, values: Sequence[int]):
+        self._levels = [list(values)]
+        width = 1
+        while 2 * width <= len(values):
+            below = self._levels[-1]
+            self._levels.append([max(below[i], below[i + width]) for i in range(len(below) - width)])
+            width *= 2
+
+    def of(self, first: int, stop: int) -> int:
+        if stop <= first:
+            return 0
+        level = (stop - first).bit_length() - 1
+        row = self._levels[level]
+        return max(row[first], row[stop - (1 << level)])

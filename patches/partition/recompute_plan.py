@@ -18,7 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from patches.partition.memory_model import PositionMemory, StagePeak, stage_peak
+from patches.partition.memory_model import PositionMemory, RangeLargest, StagePeak, stage_peak
 from patches.partition.planner import cheapest_parts, least_peak_parts
 
 
@@ -32,6 +32,7 @@ class RecomputableLayer:
     state_bytes: int
     whole_bytes: int  # its activations kept whole, per micro-batch
     checkpoint_bytes: int  # kept as a checkpoint of it alone, per micro-batch
+    largest_param_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class StageOptions:
         self._seconds = _prefix(layer.seconds for layer in self.layers)
         self._state = _prefix(layer.state_bytes for layer in self.layers)
         self._whole = _prefix(layer.whole_bytes for layer in self.layers)
+        self._largest_param = RangeLargest([layer.largest_param_bytes for layer in self.layers])
         # the recomputable layers, by their place in self.layers; over them, what recomputing saves and costs
         self._recomputable = [place for place, layer in enumerate(self.layers) if layer.recomputable]
         chosen = [self.layers[place] for place in self._recomputable]
@@ -103,7 +105,9 @@ class StageOptions:
         """memory_model.stage_peak of layers first .. stop - 1 at `stage`, the first `recomputed` of their
         recomputable ones (from `start`) keeping their checkpoints, with the recompute's rise."""
         activation = self._whole[stop] - self._whole[first] - (self._saved[start + recomputed] - self._saved[start])
-        return stage_peak(self._state[stop] - self._state[first], activation, self.positions[stage], rise)
+        position = self.positions[stage]
+        largest = self._largest_param.of(first, stop) if position.step_floor_param_bytes else 0  # the floor's
+        return stage_peak(self._state[stop] - self._state[first], activation, position, rise, largest)
 
     def _bound(self, stage: int, first: int, stop: int, start: int, recomputed: int) -> int:
         """The peak without the recompute's own rise: at most the choice's, and falling as more layers recompute

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 from patches.formats.units import bytes_to_string
 from patches.partition.measured_run import Basis, MeasuredRun
-from patches.partition.memory_model import memory_terms_of, positions_for, stage_peak
+from patches.partition.memory_model import RangeLargest, memory_terms_of, positions_for, stage_peak
 from patches.partition.planner import DEVICE, LayerCost, PeakOf, plan, predict
 from patches.partition.report_recompute import recompute_plan_of
 from patches.partition.table import layer_seconds, shared_on_one_stage, stage_overheads
@@ -58,12 +58,15 @@ def peak_of(memory, stages: int, micro_batches: int, schedule: Optional[str]) ->
     except ValueError:
         return None
     state, kept = [0], [0]
-    for layer in sorted(layers, key=lambda layer: layer.index):
+    ordered = sorted(layers, key=lambda layer: layer.index)
+    for layer in ordered:
         state.append(state[-1] + layer.state_bytes)
         kept.append(kept[-1] + layer.activation_bytes)
+    largest = RangeLargest([layer.largest_param_bytes for layer in ordered])
 
     def peak(stage: int, first: int, stop: int) -> int:
-        return stage_peak(state[stop] - state[first], kept[stop] - kept[first], chosen[stage]).predicted_peak_bytes
+        return stage_peak(state[stop] - state[first], kept[stop] - kept[first], chosen[stage],
+                          largest_param_bytes=largest.of(first, stop)).predicted_peak_bytes
 
     return peak
 

@@ -6,7 +6,8 @@ partition's (and each stage's recompute's) time and peaks are a few sums and the
     iteration    = model(stage_s) + measured_iter_s - model(the stages as they ran)
     model(t)     = sum(t / m) + (m - 1) * max(t / m)                                          (planner.model_iter_s)
                    where the ranks shared too few CPUs, 1F1B on the CPUs they share      (shared_schedule.py)
-    peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, recompute transient])
+    peak[s]      = memory_model.stage_peak(its layers' state, their activations, its position[, recompute transient],
+                                           its layers' largest parameter)
 
 Without recompute terms, a layer costs `seconds` and keeps `activation_bytes` (as it ran: planner.predict and
 report_plan.peak_of); with them, it costs `base_s` plus `recompute_s` where recomputed, and keeps `whole_bytes`, or
@@ -38,6 +39,7 @@ class WhatIfLayer:
     recomputable: Optional[bool] = None
     whole_bytes: Optional[int] = None
     checkpoint_bytes: Optional[int] = None
+    largest_param_bytes: int = 0  # the step floor's (memory_model)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             row["index"], row["type"], layer_seconds(row) * scale, kept.state_bytes if kept else None,
             kept.activation_bytes if kept else None, both.seconds if both else None,
             both.recompute_s if both else None, both.recomputable if both else None,
-            both.whole_bytes if both else None, both.checkpoint_bytes if both else None))
+            both.whole_bytes if both else None, both.checkpoint_bytes if both else None,
+            kept.largest_param_bytes if kept else 0))
     cpus = run.shared_cpus
     return WhatIfModel(run.micro_batches, run.iter_s, run.ran_model_iter_s,
                        list(run.parts), overheads, layers,

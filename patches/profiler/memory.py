@@ -149,7 +149,8 @@ class MemoryMeasurement:
             layer_recompute_bytes=kept.recompute, outside_layers_activation_bytes=kept.outside_layers,
             micro_batches=kept.micro_batches, basis=trace.basis if trace is not None else None,
             not_read=self.recorder.not_read, allocator=terms,
-            fixed_buffer_bytes=max(0, self._step_buckets - alive_at_start), layer_input_bytes=kept.inputs)
+            fixed_buffer_bytes=max(0, self._step_buckets - alive_at_start), layer_input_bytes=kept.inputs,
+            layer_largest_param_bytes=layer_largest_param_bytes(self.module, self.layers or []))
 
     def _layer_state_bytes(self, state: int) -> Dict[int, int]:
         """Each layer's share of the state, by its parameters on this rank."""
@@ -193,6 +194,17 @@ def layer_param_numels(module: torch.nn.Module, layers: List[dict]) -> Dict[int,
             uses[layer["node"]] = uses.get(layer["node"], 0) + 1
     return {layer["index"]: sum(p.numel() for p in module.get_submodule(layer["node"]).parameters())
             // uses[layer["node"]] if layer["node"] else 0 for layer in layers}
+
+
+def layer_largest_param_bytes(module: torch.nn.Module, layers: List[dict]) -> Dict[int, int]:
+    """Each layer's largest parameter on this rank, in bytes (a tied module's in every layer that uses it; a function
+    layer has none): an optimizer that updates one tensor at a time holds temporaries of the largest."""
+    def largest(node: Optional[str]) -> int:
+        if not node:
+            return 0
+        return max((p.numel() * p.element_size() for p in module.get_submodule(node).parameters()), default=0)
+
+    return {layer["index"]: largest(layer["node"]) for layer in layers}
 
 
 def _on_device(storages: dict, device_type: str) -> int:

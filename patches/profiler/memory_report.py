@@ -44,6 +44,8 @@ def stage_memory(entry: dict, iteration: int) -> Optional[dict]:
                 in_flight_micro_batches=position.in_flight_micro_batches,
                 compute_transient_bytes=position.compute_transient_bytes,
                 step_transient_bytes=position.step_transient_bytes,
+                # None in an entry from before it was measured
+                optimizer_step_transient_bytes=allocator.get("optimizer_step_transient_bytes"),
                 compute_peak_bytes=peak.compute_peak_bytes,
                 step_peak_bytes=peak.step_peak_bytes,
                 predicted_peak_bytes=peak.predicted_peak_bytes,
@@ -53,7 +55,8 @@ def stage_memory(entry: dict, iteration: int) -> Optional[dict]:
 
 
 _ALLOCATOR_FIELDS = ("start_bytes", "end_bytes", "base_bytes", "kept_bytes_per_micro_batch", "outside_layers_bytes",
-                     "in_flight_micro_batches", "compute_transient_bytes", "step_transient_bytes", "compute_peak_bytes",
+                     "in_flight_micro_batches", "compute_transient_bytes", "step_transient_bytes",
+                     "optimizer_step_transient_bytes", "compute_peak_bytes",
                      "step_peak_bytes", "predicted_peak_bytes", "measured_peak_bytes", "measured_peak_instruction",
                      "unseen_free_bytes")
 
@@ -76,14 +79,15 @@ def per_gpu(entries: List[dict], step: int) -> Optional[Tuple[dict, dict]]:
 def add_layer_memory(layers: Optional[List[dict]], chosen: Dict[int, dict]) -> None:
     """Each layer row's activation_bytes (what it kept, as it ran) and state_bytes, and its activations both ways:
     kept_whole_bytes (run plainly: what it kept; recomputed: what its recompute saved) and kept_as_checkpoint_bytes
-    (recomputed: what it kept, its input; run plainly: what its forward was called with), from the entry that gave
-    its stage's memory (chosen: stage id -> entry); null where its stage measured none (the two ways also where the
-    entry is from before they were measured)."""
+    (recomputed: what it kept, its input; run plainly: what its forward was called with), and its largest
+    parameter's bytes (largest_param_bytes), from the entry that gave its stage's memory (chosen: stage id ->
+    entry); null where its stage measured none (the two ways and the largest parameter also where the entry is from
+    before they were measured)."""
     for row in layers or ():
         measured = (chosen.get(row["stage"]) or {}).get("memory")
         pairs = {name: dict(map(tuple, measured.get(name) or ())) if measured else {}
                  for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes",
-                              "layer_input_bytes")}
+                              "layer_input_bytes", "layer_largest_param_bytes")}
         kept = pairs["layer_activation_bytes"].get(row["index"], 0)
         row["activation_bytes"] = kept if measured else None
         row["state_bytes"] = pairs["layer_state_bytes"].get(row["index"], 0) if measured else None
@@ -93,3 +97,5 @@ def add_layer_memory(layers: Optional[List[dict]], chosen: Dict[int, dict]) -> N
             if both_ways else None
         row["kept_as_checkpoint_bytes"] = (kept if recomputed else pairs["layer_input_bytes"].get(row["index"], 0)) \
             if both_ways else None
+        row["largest_param_bytes"] = pairs["layer_largest_param_bytes"].get(row["index"], 0) \
+            if measured is not None and "layer_largest_param_bytes" in measured else None

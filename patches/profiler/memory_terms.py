@@ -13,7 +13,9 @@ The terms:
   transients   the compute's: the largest rise of one instruction (ForwardPass, BackwardPass, ...) above both its
                ends (the head's logits, a recompute); the step's: the highest level of the optimizer step's
                instructions (ReduceTiedGrads, ReduceGrads, OptimizerStep) above base and state, everything the
-               step holds besides them (the optimizer's temporaries, ZeRO's reduction buckets, whenever made)
+               step holds besides them (the optimizer's temporaries, ZeRO's reduction buckets, whenever made);
+               of it, the optimizer's own: the highest level of OptimizerStep alone above base and state (an
+               optimizer that updates one tensor at a time holds temporaries of the largest parameter there)
   fixed buffers of the step transient: the most bytes ZeRO's reduction buckets held at once in the step
                (held_state.reduction_buckets; beyond those alive at the start, which are base), read around each
                instruction and just before ZeRO lets them go inside ReduceGrads (its _release_ipg_buffers): their
@@ -32,6 +34,7 @@ from patches.profiler.allocator_trace import AllocatorTrace, InstructionMemory
 
 # The instructions of the optimizer step; every other instruction is compute (or a message).
 STEP_INSTRUCTIONS = ("ReduceTiedGrads", "ReduceGrads", "OptimizerStep")
+OPTIMIZER_STEP = "OptimizerStep"
 # What a micro-batch's forward side allocates before its ForwardPass: its input.
 _INPUT_INSTRUCTIONS = ("LoadMicroBatch", "RecvActivation")
 # The instruction after which a micro-batch no longer holds its activations (zero-bubble: the input-gradient pass).
@@ -51,6 +54,7 @@ class AllocatorTerms:
     measured_peak_bytes: int
     measured_peak_instruction: Optional[str]
     unseen_free_bytes: int
+    optimizer_step_transient_bytes: int = 0  # of step_transient_bytes: OptimizerStep's alone
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class StageMemory:
     allocator: Optional[AllocatorTerms] = None
     fixed_buffer_bytes: int = 0  # ZeRO's reduction buckets, the most the step held at once (none of the state)
     layer_input_bytes: Dict[int, int] = field(default_factory=dict)  # layer index -> its forward's input, per call
+    layer_largest_param_bytes: Dict[int, int] = field(default_factory=dict)  # layer index -> its largest parameter
 
     @property
     def state_bytes(self) -> int:
@@ -78,7 +83,8 @@ class StageMemory:
     def as_dict(self) -> dict:
         """The entry's form: JSON keys are strings, so the layers are [index, bytes] pairs in index order."""
         data = asdict(self)
-        for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes", "layer_input_bytes"):
+        for name in ("layer_activation_bytes", "layer_state_bytes", "layer_recompute_bytes", "layer_input_bytes",
+                     "layer_largest_param_bytes"):
             data[name] = sorted([int(index), int(size)] for index, size in data[name].items())
         data["state_bytes"] = self.state_bytes
         return data
@@ -90,6 +96,7 @@ def allocator_terms(trace: AllocatorTrace, state_at_start: int, state_bytes: int
     instructions = trace.instructions
     base = trace.start_bytes - state_at_start
     step_high = max((i.high for i in instructions if i.name in STEP_INSTRUCTIONS), default=None)
+    optimizer_high = max((i.high for i in instructions if i.name == OPTIMIZER_STEP), default=None)
     return AllocatorTerms(
         start_bytes=trace.start_bytes,
         end_bytes=trace.end_bytes,
@@ -101,7 +108,9 @@ def allocator_terms(trace: AllocatorTrace, state_at_start: int, state_bytes: int
         step_transient_bytes=max(0, step_high - base - state_bytes) if step_high is not None else 0,
         measured_peak_bytes=trace.peak_bytes,
         measured_peak_instruction=trace.peak_instruction,
-        unseen_free_bytes=trace.unseen_free_bytes)
+        unseen_free_bytes=trace.unseen_free_bytes,
+        optimizer_step_transient_bytes=max(0, optimizer_high - base - state_bytes) if optimizer_high is not None
+        else 0)
 
 
 def _kept_per_micro_batch(instructions: Sequence[InstructionMemory]) -> int:
