@@ -285,6 +285,16 @@ def test_a_free_the_profiler_sizes_from_an_earlier_session_is_left_to_the_finali
         1000, 940)
 
 
+def test_a_free_the_profiler_lost_is_counted_where_the_allocator_gives_its_address_out_again():
+    # address 9 gets 50 bytes in the first instruction and its free never comes; the allocator hands address 9 out
+    # again (30 bytes) in the second: the first block was freed by then
+    events = [(10, 9, 50), (40, 9, 30), (42, 9, -30)]
+    trace = trace_from_events("b", 1000, set(), events, [(0, 5, 35), (1, 36, 45)],
+                              [("ReduceGrads", None), ("OptimizerStep", None)])
+    assert [(i.start, i.high, i.end) for i in trace.instructions] == [(1000, 1050, 1050), (1050, 1050, 1000)]
+    assert (trace.end_bytes, trace.peak_bytes) == (1000, 1050)
+
+
 def _instruction(name, buffer_id, start, high, end):
     return InstructionMemory(name, buffer_id, start, high, end)
 
