@@ -15,11 +15,12 @@ before it started (it never saw its size: "Memory block of unknown size was allo
 started"), such as the last stage's outputs DeepSpeed keeps from the previous iteration: each storage alive at
 the start therefore carries a finalizer that marks its free in the profiler's own event stream (a
 record_function event named with its bytes), on the same clock as the allocator's events. Instructions are
-marked the same way. torch.profiler also loses, now and then, the free of a block allocated while it ran (3 of 54
-launches of the benchmark's GPT at pp 4: the 8.45 MB buffer DeepSpeed's ReduceGrads flattens stage 0's gradients
-into, never freed in the events, its address handed out again in OptimizerStep): an allocation at the address of
-a block still live in the events is the allocator's proof that the block was freed, and its free is counted
-there. Where a profiler is already running in this process (the user's), a second one cannot
+marked the same way. torch.profiler records no free made on another thread (a block freed by a second thread shows
+its allocation only), so it loses now and then the free of a block the main thread allocated and a library's thread
+let go last (3 of 54 launches of the benchmark's GPT at pp 4: the 8.45 MB buffer DeepSpeed's ReduceGrads flattens
+stage 0's gradients into for its all-reduce, never freed in the events, its address handed out again in
+OptimizerStep): an allocation at the address of a block still live in the events is the allocator's proof that the
+block was freed, and its free is counted there. Where a profiler is already running in this process (the user's), a second one cannot
 start: the CPU allocator is then not read, and the trace says so.
 
 With $PATCHES_TORCH_MEMORY_TRACE naming a directory, each rank also writes torch.profiler's own Chrome trace of
