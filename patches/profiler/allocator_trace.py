@@ -20,8 +20,8 @@ its allocation only), so it loses now and then the free of a block the main thre
 let go last (3 of 54 launches of the benchmark's GPT at pp 4: the 8.45 MB buffer DeepSpeed's ReduceGrads flattens
 stage 0's gradients into for its all-reduce, never freed in the events, its address handed out again in
 OptimizerStep): an allocation at the address of a block still live in the events is the allocator's proof that the
-block was freed, and its free is counted there. Where a profiler is already running in this process (the user's), a second one cannot
-start: the CPU allocator is then not read, and the trace says so.
+block was freed, and its free is counted there. Where a profiler is already running in this process (the user's),
+a second one cannot start: the CPU allocator is then not read, and the trace says so.
 
 With $PATCHES_TORCH_MEMORY_TRACE naming a directory, each rank also writes torch.profiler's own Chrome trace of
 the measured iteration there (torch_memory_rank{R}.json, its "[memory]" events and these marks), to check the
