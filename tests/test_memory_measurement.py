@@ -293,6 +293,10 @@ def test_a_free_the_profiler_lost_is_counted_where_the_allocator_gives_its_addre
                               [("ReduceGrads", None), ("OptimizerStep", None)])
     assert [(i.start, i.high, i.end) for i in trace.instructions] == [(1000, 1050, 1050), (1050, 1050, 1000)]
     assert (trace.end_bytes, trace.peak_bytes) == (1000, 1050)
+    # a free and an allocation at the same address in the same tick, listed the other way round: no lost free
+    trace = trace_from_events("b", 1000, set(), [(10, 9, 50), (40, 9, 30), (40, 9, -50), (42, 9, -30)],
+                              [(0, 5, 35), (1, 36, 45)], [("ReduceGrads", None), ("OptimizerStep", None)])
+    assert [(i.start, i.high, i.end) for i in trace.instructions] == [(1000, 1050, 1050), (1050, 1050, 1000)]
 
 
 def _instruction(name, buffer_id, start, high, end):

@@ -124,17 +124,33 @@ FP32 = 4
 PARAM_TENSORS = {0: 2 + 2 * 12, 1: 2 * 12 + 2 + 2}
 
 
-def _torch_allocator_levels(path):
-    """(the highest rise above the start, the change at the end) of torch.profiler's exported CPU allocator events
-    (its "[memory]" events, and the frees of blocks older than the profiler that the measurement marked)."""
+def _torch_allocator_changes(events):
+    """(time, bytes) of torch.profiler's exported CPU allocator events in time order (its "[memory]" events, the frees
+    of blocks older than the profiler that the measurement marked), and, where an allocation comes at the address of
+    a block allocated in the trace and not freed in it, that block's free first: torch.profiler records no free made
+    on another thread, and the allocator hands out no address still allocated."""
     changes = []
-    for event in json.loads(path.read_text())["traceEvents"]:
+    for event in events:
         if event.get("name") == "[memory]" and event["args"]["Device Type"] == 0:
-            changes.append((event["ts"], event["args"]["Bytes"]))
+            changes.append((event["ts"], event["args"]["Addr"], event["args"]["Bytes"]))
         elif event.get("name", "").startswith(UNSEEN_FREE_MARK):
-            changes.append((event["ts"], -int(event["name"][len(UNSEEN_FREE_MARK):])))
+            changes.append((event["ts"], None, -int(event["name"][len(UNSEEN_FREE_MARK):])))
+    live, inferred = {}, []
+    for ts, address, change in sorted(changes, key=lambda c: (c[0], c[2])):  # at one instant, frees first
+        if address is not None and change > 0:
+            if address in live:
+                inferred.append((ts, -live[address]))
+            live[address] = change
+        elif address is not None:
+            live.pop(address, None)
+        inferred.append((ts, change))
+    return inferred
+
+
+def _torch_allocator_levels(path):
+    """(the highest rise above the start, the change at the end) of torch.profiler's exported CPU allocator events."""
     level = highest = 0
-    for _, change in sorted(changes, key=lambda c: c[0]):
+    for _, change in _torch_allocator_changes(json.loads(path.read_text())["traceEvents"]):
         level += change
         highest = max(highest, level)
     return highest, level
@@ -147,12 +163,8 @@ def _torch_allocator_high_in_last_instruction(path):
     marks = [event for event in events if event.get("name", "").startswith(INSTRUCTION_MARK)]
     last = max(marks, key=lambda event: int(event["name"][len(INSTRUCTION_MARK):]))
     start, end = last["ts"], last["ts"] + last["dur"]
-    changes = sorted([(event["ts"], event["args"]["Bytes"]) for event in events
-                      if event.get("name") == "[memory]" and event["args"]["Device Type"] == 0]
-                     + [(event["ts"], -int(event["name"][len(UNSEEN_FREE_MARK):])) for event in events
-                        if event.get("name", "").startswith(UNSEEN_FREE_MARK)])
     level, highest = 0, None
-    for ts, change in changes:
+    for ts, change in _torch_allocator_changes(events):
         if ts > end:
             break
         if ts >= start and highest is None:
