@@ -55,6 +55,8 @@ GPT2_VOCAB = 50257
 # a new user's first try (hidden 256, the LM head tied to the embedding, 4 micro-batches of 2): --shape first-try
 FIRST_TRY = {"hidden": 256, "heads": 4, "layers": 8, "seq": 128, "micro_batch": 2, "micro_batches": 4,
              "vocab": 16384, "tied": True}
+# --shape's choices
+SHAPES = {"unbalanced": UNBALANCED, "first-try": FIRST_TRY}
 UPSTREAM_SHAPE = {"hidden": 64, "heads": 4, "layers": 8, "seq": 512, "micro_batch": 1, "micro_batches": 8}
 UPSTREAM_QUICK = {"hidden": 64, "heads": 4, "layers": 4, "seq": 32, "micro_batch": 1, "micro_batches": 4}
 TINY = {"hidden": 32, "heads": 4, "layers": 4, "seq": 16, "micro_batch": 2, "micro_batches": 4, "vocab": 2048}
@@ -219,7 +221,7 @@ def main():
     parser.add_argument("--iterations", type=int, default=12, help="per launch, the last profiled")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="the tiny GPT at pp 2, one round: a smoke run")
-    parser.add_argument("--shape", choices=["unbalanced", "first-try"], default="unbalanced",
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="unbalanced",
                         help="the fork's GPT: the untied head over 16,384 words (default), or FIRST_TRY's")
     parser.add_argument("--checkpoint-activations", action="store_true",
                         help="every launch recomputes every transformer layer (Megatron's flag)")
@@ -227,7 +229,7 @@ def main():
     parser.add_argument("--upstream-python", metavar="PY", default=sys.executable,
                         help="the interpreter of the environment upstream runs in (default: this one)")
     args = parser.parse_args()
-    shape = FIRST_TRY if args.shape == "first-try" else UNBALANCED
+    shape = SHAPES[args.shape]
     pps, rounds, iterations, warmup = args.pp, args.rounds, args.iterations, args.warmup
     if args.quick:
         shape, pps, rounds, iterations, warmup = TINY, [2], 1, 5, 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 # A script: its own directory is on sys.path, so the sibling modules import by name.
 from harness import machine, table
-from partition_speedup import DEFAULT_NAME, FIRST_TRY, METHODS, UNBALANCED, fork_target, launch
+from partition_speedup import DEFAULT_NAME, METHODS, SHAPES, fork_target, launch
 
 from patches.partition.report_plan import PlanRequest, plan_of
 
@@ -37,10 +37,10 @@ def without_floor(report: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pp", type=int, default=4)
-    parser.add_argument("--shape", choices=("unbalanced", "first-try"), default="unbalanced")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="unbalanced")
     parser.add_argument("--keep", type=Path, help="keep each launch's reports in this directory")
     args = parser.parse_args()
-    shape = FIRST_TRY if args.shape == "first-try" else UNBALANCED
+    shape = SHAPES[args.shape]
     target = fork_target(shape)
     print(machine())
     with tempfile.TemporaryDirectory() as scratch:
