@@ -355,3 +355,23 @@ def test_a_recompute_what_if_is_the_planners_own_prediction(capsys):
                                                   "iteration 335.62 ms predicted against 335.62 ms measured, +0.0%")
     code, out, err = run(capsys, REPORT, "--recompute", "1")
     assert code == 2 and out == "" and err == "error: --recompute 1: 1 counts for 2 stages\n"
+
+
+def test_a_recompute_the_run_did_not_measure_is_named_as_priced_at_the_forward(tmp_path, capsys):
+    """The golden run recomputed layers 1 to 4. Made to say layers 1 and 3 kept their activations whole, a choice
+    recomputing the first layer of each stage recomputes those two, whose recompute the run never measured: the
+    choice's field names them, and so does its line; a choice recomputing only layers that recomputed names none."""
+    report = json.loads(REPORT.read_text())
+    for row in report["layers"]:
+        if row["index"] in (1, 3):
+            row.update(recompute_flops=0, recompute_latency_s=0.0)
+    assert recompute_what_if(report, [0, 3, 7], [1, 1])["recompute_priced_from_forward"] == [1, 3]
+    assert recompute_what_if(report, [0, 3, 7], [1, 0])["recompute_priced_from_forward"] == [1]
+    assert recompute_what_if(report, [0, 2, 7], [0, 2])["recompute_priced_from_forward"] == [3]  # 2 ran, 3 did not
+    assert recompute_what_if(report, [0, 3, 7], [0, 0])["recompute_priced_from_forward"] == []
+    code, out, _ = run(capsys, _written(tmp_path, "kept.json", report), "--recompute", "1,1")
+    assert code == 0 and out.splitlines()[-1].endswith(
+        "; layers 1 and 3 kept their activations whole in this run: their recompute is priced at that forward, not "
+        "measured (a profile of a run that recomputes them measures it)")
+    # the golden report as it ran: every layer a choice recomputes recomputed there
+    assert recompute_what_if(json.loads(REPORT.read_text()), [0, 3, 7], [2, 2])["recompute_priced_from_forward"] == []

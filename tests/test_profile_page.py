@@ -12,7 +12,7 @@ import pytest
 from patches.cli import plan_partition, profile_page
 from patches.page import write_profile_page
 from patches.page.content import page_content
-from patches.partition.plan_lines import plan_line
+from patches.partition.plan_lines import plan_line, recompute_what_if_line
 from patches.partition.report_plan import PlanRequest, plan_of
 from patches.partition.report_recompute import recompute_what_if
 from tests.helpers.browser import browser, opened
@@ -105,6 +105,30 @@ def test_the_what_if_is_the_planners_on_random_choices(golden_page, report):
         assert recomputed["predicted_iter_s"] == what_if["predicted_iter_s"]
         assert recomputed["predicted_change"] == what_if["predicted_change"]
         assert recomputed["predicted_peak_bytes"] == what_if["predicted_peak_bytes"]
+        assert recomputed["recompute_priced_from_forward"] == what_if["recompute_priced_from_forward"] == []
+
+
+def test_a_recompute_the_run_did_not_measure_is_said_as_the_command_says_it(chromium, report, tmp_path):
+    """The golden report made to say layers 1 and 3 kept their activations whole: for random choices the page names
+    the same layers as priced at their forward as the planner does, in megatron-plan-partition's words."""
+    kept = copy.deepcopy(report)
+    for row in kept["layers"]:
+        if row["index"] in (1, 3):
+            row.update(recompute_flops=0, recompute_latency_s=0.0)
+    choices = random_choices(kept, 12, seed=4)
+    with opened(chromium, page_of(kept, tmp_path)) as page:
+        shown = page.page.evaluate("""choices => { const p = window.profilePage, model = p.pages[0].what_if;
+            return choices.map(([parts, counts]) => { const result = p.predictWhatIf(model, parts, counts);
+                return [result.recompute_priced_from_forward, p.whatIfLines(model, result, null)]; }); }""", choices)
+        assert page.console_errors == []
+    named = 0
+    for (parts, counts), (priced, lines) in zip(choices, shown):
+        what_if = recompute_what_if(kept, parts, counts)
+        assert priced == what_if["recompute_priced_from_forward"]
+        words = next(line for line in lines if line.startswith("iteration "))
+        assert recompute_what_if_line(what_if, kept["totals"]["throughput_iter_s"], None).endswith(words)
+        named += bool(priced)
+    assert named > 0
 
 
 def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, tmp_path):

@@ -102,7 +102,7 @@ function directSum(values) {
 function predictWhatIf(model, parts, counts) {
   const layers = model.layers, micro = model.micro_batches, stages = parts.length - 1;
   const positions = model.positions, withRecompute = model.recompute_terms && counts != null;
-  const stageS = [], peaks = [];
+  const stageS = [], peaks = [], pricedFromForward = [];
   const recomputable = layers.map((layer, place) => (layer.recomputable ? place : -1)).filter((p) => p >= 0);
   const chosen = recomputable.map((place) => layers[place]);
   const base = prefix(layers.map((layer) => layer.base_s));
@@ -121,6 +121,7 @@ function predictWhatIf(model, parts, counts) {
       const k = Math.min(counts[s], end - start);
       let largest = 0;
       for (let i = start; i < start + k; i++) largest = Math.max(largest, chosen[i].whole_bytes);
+      for (let i = start; i < start + k; i++) if (!chosen[i].recomputed) pricedFromForward.push(chosen[i].index);
       stageS.push(base[stop] - base[first] + overhead + recomputeS[start + k] - recomputeS[start]);
       if (positions) {  // StageOptions._choice and _rise
         const activation = whole[stop] - whole[first] - (saved[start + k] - saved[start]);
@@ -140,7 +141,17 @@ function predictWhatIf(model, parts, counts) {
                                   : modelled + (model.measured_iter_s - model.ran_model_s);
   return {parts: parts.slice(), counts: withRecompute ? counts.slice() : null, stage_s: stageS,
           predicted_iter_s: predicted, predicted_change: predicted / model.measured_iter_s - 1,
-          predicted_peak_bytes: positions ? peaks : null};
+          predicted_peak_bytes: positions ? peaks : null,
+          recompute_priced_from_forward: withRecompute ? pricedFromForward : null};
+}
+
+// plan_lines.priced_from_forward_words: the layers a choice recomputes that the run kept whole, said.
+function pricedFromForwardWords(layers) {
+  if (!layers || !layers.length) return "";
+  const one = layers.length === 1, their = one ? "its" : "their";
+  const names = one ? `layer ${layers[0]}` : `layers ${layers.slice(0, -1).join(", ")} and ${layers[layers.length - 1]}`;
+  return `; ${names} kept ${their} activations whole in this run: ${their} recompute is priced at that forward, `
+    + "not measured (a profile of a run that recomputes them measures it)";
 }
 
 function recomputableIn(model, first, stop) {
@@ -164,7 +175,7 @@ function whatIfLines(model, result, limit) {
       : `; stage ${worst}'s predicted memory peak, ${bytesToString(peaks[worst])}, exceeds ${bytesToString(limit)}`
         + ` by ${groupedInteger(peaks[worst] - limit)} bytes`;
   }
-  lines.push(words);
+  lines.push(words + pricedFromForwardWords(result.recompute_priced_from_forward));
   if (model.shared_cpus_words) lines.push(model.shared_cpus_words);  // the ranks shared too few CPUs, said
   return lines;
 }

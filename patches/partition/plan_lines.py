@@ -81,7 +81,20 @@ def recompute_words(plan: dict) -> str:
               f"{bytes_to_string(chosen['memory_excess_bytes'])}")
     return (f"; with each stage's recompute chosen too: parts {chosen['parts']}, --pp-recompute-layers {counts}, "
             f"iteration {duration_to_string(chosen['predicted_iter_s'])} predicted, "
-            f"{100 * chosen['predicted_change']:+.1f}%, {memory}")
+            f"{100 * chosen['predicted_change']:+.1f}%, {memory}" + priced_from_forward_words(chosen))
+
+
+def priced_from_forward_words(chosen: dict) -> str:
+    """'' where every layer the choice recomputes recomputed in the run; else that their recompute is priced at
+    their forward kept whole, which the run measured, and how to measure it instead."""
+    layers = chosen.get("recompute_priced_from_forward")
+    if not layers:
+        return ""
+    names = f"layer {layers[0]}" if len(layers) == 1 else \
+        f"layers {', '.join(map(str, layers[:-1]))} and {layers[-1]}"
+    return (f"; {names} kept {'its' if len(layers) == 1 else 'their'} activations whole in this run: "
+            f"{'its' if len(layers) == 1 else 'their'} recompute is priced at that forward, not measured "
+            "(a profile of a run that recomputes them measures it)")
 
 
 def basis_words(basis: Optional[dict]) -> str:
@@ -148,4 +161,5 @@ def recompute_what_if_line(what_if: dict, measured_iter_s: float, limit: Optiona
         f"by {what_if['memory_excess_bytes']:,} bytes")
     return (f"recompute: with parts {what_if['parts']} and --pp-recompute-layers {counts}, iteration "
             f"{duration_to_string(what_if['predicted_iter_s'])} predicted against "
-            f"{duration_to_string(measured_iter_s)} measured, {100 * what_if['predicted_change']:+.1f}%" + memory)
+            f"{duration_to_string(measured_iter_s)} measured, {100 * what_if['predicted_change']:+.1f}%" + memory
+            + priced_from_forward_words(what_if))

@@ -65,8 +65,10 @@ def peak_of(memory, stages: int, micro_batches: int, schedule: Optional[str]) ->
     largest = RangeLargest([layer.largest_param_bytes for layer in ordered])
 
     def peak(stage: int, first: int, stop: int) -> int:
-        return stage_peak(state[stop] - state[first], kept[stop] - kept[first], chosen[stage],
-                          largest_param_bytes=largest.of(first, stop)).predicted_peak_bytes
+        position = chosen[stage]  # the largest parameter is read only where the optimizer's floor is set
+        floor = largest.of(first, stop) if position.step_floor_param_bytes else 0
+        return stage_peak(state[stop] - state[first], kept[stop] - kept[first], position,
+                          largest_param_bytes=floor).predicted_peak_bytes
 
     return peak
 

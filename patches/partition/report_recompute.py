@@ -109,4 +109,16 @@ def _recompute_dict(parts: List[int], stages: List[StageChoice], run: MeasuredRu
     return {"parts": list(parts), "recompute_layers": [stage.recomputed for stage in stages], "stage_s": stage_s,
             "predicted_iter_s": predicted, "predicted_change": predicted / run.iter_s - 1,
             "predicted_peak_bytes": [stage.peak_bytes for stage in stages],
-            "memory_fits": excess is None, "memory_excess_bytes": excess}
+            "memory_fits": excess is None, "memory_excess_bytes": excess,
+            "recompute_priced_from_forward": priced_from_forward(run.layers, stages)}
+
+
+def priced_from_forward(layers: List[dict], stages: List[StageChoice]) -> List[int]:
+    """The layers a plan recomputes that the run kept whole: their recompute is priced at their forward as the run
+    kept it (_both_ways_s), not measured; a run that recomputes them measures it."""
+    rows = sorted(layers, key=lambda row: row["index"])
+    recomputable = [row["index"] for row, can in zip(rows, recomputable_rows(rows)) if can]
+    ran = {row["index"] for row in rows if row["recompute_flops"]}
+    chosen = [index for stage in stages
+              for index in [i for i in recomputable if stage.first <= i < stage.stop][:stage.recomputed]]
+    return [index for index in chosen if index not in ran]

@@ -40,6 +40,7 @@ class WhatIfLayer:
     whole_bytes: Optional[int] = None
     checkpoint_bytes: Optional[int] = None
     largest_param_bytes: int = 0  # the step floor's (memory_model)
+    recomputed: bool = False  # it recomputed in the run: a recompute of it is priced as measured, not at its forward
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
             kept.activation_bytes if kept else None, both.seconds if both else None,
             both.recompute_s if both else None, both.recomputable if both else None,
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None,
-            kept.largest_param_bytes if kept else 0))
+            kept.largest_param_bytes if kept else 0, bool(row["recompute_flops"])))
     cpus = run.shared_cpus
     return WhatIfModel(run.micro_batches, run.iter_s, run.ran_model_iter_s,
                        list(run.parts), overheads, layers,
