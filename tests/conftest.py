@@ -2,8 +2,10 @@
 processes must carry the marker, so that `-m "not launch"` is the fast in-process tier. Each launching test
 gets a torch extensions directory of its own (tests/helpers/torch_extensions.py)."""
 import functools
+import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,6 +13,14 @@ import pytest
 
 from tests.helpers import launch, torch_extensions
 from tests.helpers.flags import PP2_TP2_CKPT, UPSTREAM_WORKERS
+
+# The environment's own bin directory first on PATH, as tools/run_tests.sh puts it, however pytest was started: the
+# ops built for the tests (torch_extensions.py) and every process launched after them then use the environment's
+# ninja. A system ninja (Debian's ninja-build) cannot read the other's build log and rebuilds the ops in every launch:
+# a minute each on 2 cores.
+_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 _extension_copies = []  # the parent of this session's per-test torch extensions directories, removed at its end
 _environment = pytest.MonkeyPatch()  # the variable a launching test gets, undone after it

@@ -12,7 +12,7 @@ import pytest
 from patches.cli import plan_partition, profile_page
 from patches.page import write_profile_page
 from patches.page.content import page_content
-from patches.partition.plan_lines import plan_line, recompute_what_if_line
+from patches.partition.plan_lines import plan_line, recompute_what_if_line, what_if_line
 from patches.partition.report_plan import PlanRequest, plan_of
 from patches.partition.report_recompute import recompute_what_if
 from tests.helpers.browser import browser, opened
@@ -153,6 +153,31 @@ def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, 
         assert recomputed["predicted_iter_s"] == recompute_what_if(shared, parts, counts)["predicted_iter_s"]
     unshared = plan_of(report, PlanRequest(parts=choices[0][0]))["predicted_iter_s"]
     assert computed[0][0]["predicted_iter_s"] != unshared  # the floor bound here
+
+
+def test_the_what_if_takes_cpus_that_slowed_each_other(chromium, report, tmp_path):
+    """A CPU run whose ranks slowed each other computing at once (basis.shared_cpus.together_rate, stage_shares):
+    the page's what-if is the planner's to the last digit, and says so in the plan line's words."""
+    slowed = copy.deepcopy(report)
+    slowed["partition_plan"]["basis"]["shared_cpus"] = {
+        "cpus": 4, "ranks": 4, "threads": 1, "ranks_per_stage": 2, "share": 0.8, "forward_share": 0.4,
+        "together_rate": 0.55, "stage_shares": [0.6, 0.9]}
+    choices = random_choices(slowed, 12, seed=5)
+    with opened(chromium, page_of(slowed, tmp_path)) as page:
+        computed = page.page.evaluate(PREDICT_BOTH, choices)
+        lines = page.page.evaluate("""([parts, counts]) => { const p = window.profilePage, model = p.pages[0].what_if;
+                                      return p.whatIfLines(model, p.predictWhatIf(model, parts, counts), null); }""",
+                                   choices[0])
+        assert page.console_errors == []
+    assert lines[-1].startswith("4 ranks of 1 thread on 4 CPUs did 80% of their compute time's work at full speed: "
+                                "each ran 0.55x its speed alone while all computed (measured)")
+    assert lines[-1] in what_if_line(plan_of(slowed, PlanRequest(parts=choices[0][0])))
+    for (parts, counts), (plain, recomputed) in zip(choices, computed):
+        planned = plan_of(slowed, PlanRequest(parts=parts))
+        assert plain["stage_s"] == planned["stage_s"] and plain["predicted_iter_s"] == planned["predicted_iter_s"]
+        what_if = recompute_what_if(slowed, parts, counts)
+        assert recomputed["stage_s"] == what_if["stage_s"]
+        assert recomputed["predicted_iter_s"] == what_if["predicted_iter_s"]
 
 
 def test_the_what_if_keeps_the_optimizers_floor(chromium, report, tmp_path):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from patches.partition.measured_run import MeasuredRun
-from patches.partition.plan_lines import plan_line
+from patches.partition.plan_lines import plan_line, what_if_line
 from patches.partition.planner import LayerCost, SharedCpus, model_iter_s, predict
 from patches.partition.report_plan import PlanRequest, plan_of
 from patches.partition.report_recompute import recompute_what_if
-from patches.partition.shared_schedule import schedule_order, shared_cpus_iter_s
+from patches.partition.shared_schedule import running_rate, schedule_order, shared_cpus_iter_s
 from patches.partition.what_if import what_if_model
 from patches.profiler.shared_cpus import shared_cpus_of
 
@@ -162,3 +162,75 @@ def test_a_saved_reports_plan_and_what_if_take_the_floor(shared_report):
     assert what_if_model(shared_report).shared_cpus == dict(run.basis.shared_cpus.as_dict(), forward_share=None)
     # without it, the golden report's own plan is the pipeline model's
     assert what_if_model(json.loads(GOLDEN.read_text())).shared_cpus is None
+
+
+# ---------------------------------------------------------------- CPUs that slow each other (host_contention.py)
+def test_the_running_rate_by_hand():
+    """Each running thread's speed: CPUs shared among the threads running as before where none slow each other;
+    two CPUs each at 0.6 of their speed alone once both are busy; four CPUs at 0.6 once all four are, 0.8 at three
+    of four (two thirds of the way)."""
+    for threads in range(1, 6):
+        for cpus in (1, 2, 4):
+            assert running_rate(threads, cpus) == min(1.0, cpus / threads)
+    assert [running_rate(threads, 2, 0.6, 2) for threads in (1, 2, 4)] == [1.0, 0.6, 0.3]
+    assert running_rate(3, 4, 0.6, 4) == pytest.approx(0.6 + 0.4 / 3, rel=1e-15)
+    assert running_rate(3, 4, 0.6, 3) == pytest.approx(0.6, rel=1e-15)  # the job keeps three busy at most
+
+
+def test_the_schedule_on_cpus_that_slow_each_other_by_hand():
+    """The schedule of test_the_schedule_on_shared_cpus_by_hand on two CPUs that run at half speed both busy: F0
+    alone 1 | F1, F0' at half 2 | B0' alone 1 | B0, F1' at half 2 | B1' 1 | B1 1 = 8 s; with CPUs that do not
+    slow each other, 6 s."""
+    assert shared_cpus_iter_s([1.0, 1.0], [1.0, 1.0], 2, cpus=2, threads_per_stage=1, together_rate=0.5,
+                              together_threads=2) == 8.0
+    assert shared_cpus_iter_s([1.0, 1.0], [1.0, 1.0], 2, 2, 1, together_rate=1.0, together_threads=2) == 6.0
+    slowed = SharedCpus(cpus=2, ranks=2, threads=1, ranks_per_stage=1, share=0.75, forward_share=0.5,
+                        together_rate=0.5, stage_shares=[0.75, 0.75])
+    assert slowed.together_threads == 2
+    # the stage shares are taken out of each layer where it is read, not again here
+    assert slowed.micro_batch_work_s([4.0, 4.0], 2) == ([1.0, 1.0], [1.0, 1.0])
+    assert model_iter_s([4.0, 4.0], 2, slowed) == 8.0
+
+
+def two_ranks_slowed(rate=0.5):
+    """Two ranks of one thread on two CPUs, measured running at `rate` together: rank 0 computes in [0, 2), rank 1
+    in [1, 4)."""
+    return [dict(entry(0, [("ForwardPass", 0.0, 2.0)]), together_rate=rate),
+            dict(entry(1, [("ForwardPass", 1.0, 2.5), ("BackwardPass", 2.5, 4.0)]), together_rate=rate)]
+
+
+def test_the_stage_shares_by_hand():
+    """[0, 1) rank 0 alone at full speed, [1, 2) both at half, [2, 4) rank 1 alone: rank 0 did 1.5 s of work in 2,
+    rank 1 2.5 in 3; together 4 of 5. The forward instructions: 3.5 of the 5 s."""
+    assert shared_cpus_of(two_ranks_slowed(), tp=1, dp=1, device_name="cpu") == SharedCpus(
+        cpus=2, ranks=2, threads=1, ranks_per_stage=1, share=4 / 5, forward_share=3.5 / 5, together_rate=0.5,
+        stage_shares=[3 / 4, 2.5 / 3])
+    # CPUs enough that did not slow each other, or a rate not measured: no term, as before
+    assert shared_cpus_of(two_ranks_slowed(1.0), tp=1, dp=1, device_name="cpu") is None
+    assert shared_cpus_of([dict(e, together_rate=None) for e in two_ranks_slowed()], tp=1, dp=1,
+                          device_name="cpu") is None
+
+
+def test_a_saved_reports_plan_takes_each_stage_at_full_speed(shared_report):
+    """The golden report as if its 4 ranks, on 4 CPUs, had run at half speed all computing, stage 0 at 0.6 of full
+    speed over its compute time and stage 1 at 0.9: each layer and overhead is taken at its stage's share, the
+    partition that ran is predicted as measured, and a cut is predicted on the slowed schedule, in the page too."""
+    slowed = copy.deepcopy(shared_report)
+    slowed["partition_plan"]["basis"]["shared_cpus"] = {
+        "cpus": 4, "ranks": 4, "threads": 1, "ranks_per_stage": 2, "share": 0.8, "forward_share": 1 / 3,
+        "together_rate": 0.5, "stage_shares": [0.6, 0.9]}
+    run = MeasuredRun.of_report(slowed)
+    scale = run.time_scale
+    assert [run.stage_scale(stage) for stage in (0, 1)] == [scale * 0.6, scale * 0.9]
+    ran_parts = slowed["partition_plan"]["current_parts"]
+    ran = plan_of(slowed, PlanRequest(parts=ran_parts))
+    assert ran["stage_s"] == pytest.approx(run.ran_stage_s, rel=1e-12)
+    assert ran["predicted_iter_s"] == pytest.approx(slowed["totals"]["throughput_iter_s"], rel=1e-12)
+    # the first stage's layers are cheaper than measured (it ran slowed most): a cut moving work onto it costs less
+    # than with one share for both
+    one_share = copy.deepcopy(slowed)
+    one_share["partition_plan"]["basis"]["shared_cpus"]["stage_shares"] = [0.8, 0.8]
+    assert plan_of(slowed, PlanRequest(parts=[0, 5, 7]))["predicted_iter_s"] < \
+        plan_of(one_share, PlanRequest(parts=[0, 5, 7]))["predicted_iter_s"]
+    assert "4 ranks of 1 thread on 4 CPUs did 80% of their compute time's work at full speed: each ran 0.50x its " \
+           "speed alone while all computed (measured)" in what_if_line(plan_of(slowed, PlanRequest(parts=[0, 5, 7])))

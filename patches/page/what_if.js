@@ -3,9 +3,13 @@
 function modelIterS(stageS, microBatches, sharedCpus) {  // planner.model_iter_s
   if (sharedCpus != null) {  // SharedCpus.micro_batch_work_s, then shared_schedule.shared_cpus_iter_s
     const forward = sharedCpus.forward_share != null ? sharedCpus.forward_share : 1 / 3;
-    return sharedCpusIterS(stageS.map((seconds) => seconds * sharedCpus.share * forward / microBatches),
-                           stageS.map((seconds) => seconds * sharedCpus.share * (1 - forward) / microBatches),
-                           microBatches, sharedCpus.cpus, sharedCpus.threads * sharedCpus.ranks_per_stage);
+    const share = sharedCpus.stage_shares == null ? sharedCpus.share : 1.0;  // else taken out of each layer already
+    const together = sharedCpus.together_rate != null ? sharedCpus.together_rate : 1.0;
+    const togetherThreads = Math.min(sharedCpus.ranks * sharedCpus.threads, sharedCpus.cpus);
+    return sharedCpusIterS(stageS.map((seconds) => seconds * share * forward / microBatches),
+                           stageS.map((seconds) => seconds * share * (1 - forward) / microBatches),
+                           microBatches, sharedCpus.cpus, sharedCpus.threads * sharedCpus.ranks_per_stage,
+                           together, togetherThreads);
   }
   const perMicroBatch = stageS.map((seconds) => seconds / microBatches);
   let sum = 0;
@@ -22,8 +26,15 @@ function scheduleOrder(stage, stages, microBatches) {  // shared_schedule.schedu
   return order;
 }
 
+// shared_schedule.running_rate: each running thread's speed, the busy CPUs slowed as they fill.
+function runningRate(threads, cpus, togetherRate, togetherThreads) {
+  const busy = Math.min(threads, cpus);
+  const crowding = togetherThreads > 1 ? Math.min(1.0, (busy - 1) / (togetherThreads - 1)) : 0.0;
+  return busy * (1.0 - (1.0 - togetherRate) * crowding) / threads;
+}
+
 // shared_schedule.shared_cpus_iter_s: 1F1B with the CPUs split among the ranks that have work, step for step.
-function sharedCpusIterS(forwardS, backwardS, microBatches, cpus, threadsPerStage) {
+function sharedCpusIterS(forwardS, backwardS, microBatches, cpus, threadsPerStage, togetherRate, togetherThreads) {
   const stages = forwardS.length;
   const orders = [];
   for (let stage = 0; stage < stages; stage++) orders.push(scheduleOrder(stage, stages, microBatches));
@@ -43,7 +54,7 @@ function sharedCpusIterS(forwardS, backwardS, microBatches, cpus, threadsPerStag
         running.push(stage);
       }
     }
-    const rate = Math.min(1, cpus / (running.length * threadsPerStage));
+    const rate = runningRate(running.length * threadsPerStage, cpus, togetherRate, togetherThreads);
     const step = Math.min(...running.map((stage) => workLeft[stage] / rate));
     now += step;
     for (const stage of running) {

@@ -49,19 +49,29 @@ class MeasuredRun:
 
     @property
     def time_scale(self) -> float:
-        """Every measured time x this is on the steady iteration's clock (Basis.time_scale)."""
+        """Every measured time x this is on the steady iteration's clock (Basis.time_scale); stage_scale for a
+        stage's."""
         return self.basis.time_scale if self.basis is not None else 1.0
+
+    def stage_scale(self, stage: int) -> float:
+        """What the seconds measured on `stage` are multiplied by: time_scale, and where the ranks shared their CPUs
+        stage by stage (SharedCpus.stage_shares), the share of the stage's compute time it ran at full speed, so
+        that its layers and overhead are their work at full speed wherever the plan puts them."""
+        cpus = self.shared_cpus
+        if cpus is None or cpus.stage_shares is None:
+            return self.time_scale
+        return self.time_scale * cpus.stage_shares[stage]
 
     @property
     def scaled_overheads(self) -> List[float]:
-        return [overhead * self.time_scale for overhead in self.overheads]
+        return [overhead * self.stage_scale(stage) for stage, overhead in enumerate(self.overheads)]
 
     @property
     def ran_stage_s(self) -> List[float]:
         """Each stage's load as it ran: its layers' measured seconds and its overhead, scaled."""
-        scale, overheads = self.time_scale, self.scaled_overheads
-        return [sum(layer_seconds(row) * scale for row in self.layers if row["stage"] == s) + overheads[s]
-                for s in range(len(self.parts) - 1)]
+        overheads = self.scaled_overheads
+        return [sum(layer_seconds(row) * self.stage_scale(s) for row in self.layers if row["stage"] == s)
+                + overheads[s] for s in range(len(self.parts) - 1)]
 
     @property
     def ran_model_iter_s(self) -> float:

@@ -117,6 +117,12 @@ def shared_cpus_sentence(shared: dict) -> str:
     """Where the run's ranks shared too few CPUs (planner.SharedCpus as a dict): how much they waited, and how every
     prediction takes it (the plan's line says it, and the page's what-if)."""
     threads = f"{shared['threads']} thread{'s' if shared['threads'] > 1 else ''}"
+    together = shared.get("together_rate")
+    if together is not None and together < 1.0:  # CPUs that slow each other (profiler/host_contention.py)
+        return (f"{shared['ranks']} ranks of {threads} on {shared['cpus']} CPUs did {100 * shared['share']:.0f}% "
+                f"of their compute time's work at full speed: each ran {together:.2f}x its speed alone while all "
+                "computed (measured), so stages busy at once slow each other: predicted as the schedule runs on "
+                "those CPUs")
     return (f"{shared['ranks']} ranks of {threads} on {shared['cpus']} CPUs ran {100 * shared['share']:.0f}% of "
             "their compute time, waiting for a core the rest: predicted as the schedule runs on those CPUs")
 

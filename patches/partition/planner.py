@@ -142,9 +142,10 @@ def memory_bounded_parts(costs: Sequence[float], stages: int, overheads: Optiona
 
 @dataclass(frozen=True)
 class SharedCpus:
-    """A CPU run whose ranks share fewer CPUs than they run threads (measured: profiler/shared_cpus.py): a stage's
-    measured time holds its waits for a core, and a cut that keeps more stages busy at once slows each of them.
-    `share` of the stages' compute time they were running, the rest waiting for a core."""
+    """A CPU run whose ranks share fewer CPUs than they run threads, or whose CPUs slow each other when busy at once
+    (measured: profiler/shared_cpus.py): a stage's measured time holds its waits for a core and its slowdown, and a
+    cut that keeps more stages busy at once slows each of them. `share` of the stages' compute time they did at
+    full speed, the rest waiting for a core or slowed."""
     cpus: int  # the CPUs the host's ranks may run on (the same for each)
     ranks: int  # the job's ranks on the host
     threads: int  # torch's threads per rank
@@ -153,13 +154,26 @@ class SharedCpus:
     # the forward instructions' part of that compute time; None in a report from before it was measured: a third
     # (a backward about twice its forward)
     forward_share: Optional[float] = None
+    # a thread's speed with every rank of the host computing over its speed alone (profiler/host_contention.py);
+    # None in a report from before it was measured: 1
+    together_rate: Optional[float] = None
+    # each stage's `share`, applied to its layers' and overhead's measured seconds where they are read
+    # (MeasuredRun.stage_scale); None in a report from before: `share`, applied to each stage's time here
+    stage_shares: Optional[List[float]] = None
+
+    @property
+    def together_threads(self) -> int:
+        """The threads the host's CPUs run when every rank computes: where together_rate was measured."""
+        return min(self.ranks * self.threads, self.cpus)
 
     def micro_batch_work_s(self, stage_s: Sequence[float], micro_batches: int) -> Tuple[List[float], List[float]]:
         """Each stage's forward and backward work for one micro-batch at a whole core per thread: its measured time
-        less the waits for a core, split as the run's compute was."""
+        less the waits for a core and the slowdown (already taken out where stage_shares are), split as the run's
+        compute was."""
         forward = self.forward_share if self.forward_share is not None else 1 / 3
-        return ([seconds * self.share * forward / micro_batches for seconds in stage_s],
-                [seconds * self.share * (1 - forward) / micro_batches for seconds in stage_s])
+        share = self.share if self.stage_shares is None else 1.0
+        return ([seconds * share * forward / micro_batches for seconds in stage_s],
+                [seconds * share * (1 - forward) / micro_batches for seconds in stage_s])
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -176,7 +190,9 @@ def model_iter_s(stage_s: Sequence[float], micro_batches: int, cpus: Optional[Sh
     ranks share too few CPUs (cpus), the same schedule on the CPUs they share (shared_schedule.py)."""
     if cpus is not None:
         forward, backward = cpus.micro_batch_work_s(stage_s, micro_batches)
-        return shared_cpus_iter_s(forward, backward, micro_batches, cpus.cpus, cpus.threads * cpus.ranks_per_stage)
+        together = cpus.together_rate if cpus.together_rate is not None else 1.0
+        return shared_cpus_iter_s(forward, backward, micro_batches, cpus.cpus, cpus.threads * cpus.ranks_per_stage,
+                                  together, cpus.together_threads)
     per_micro_batch = [seconds / micro_batches for seconds in stage_s]
     return sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
 

@@ -82,8 +82,9 @@ def plan_from_table(run: MeasuredRun, request: PlanRequest) -> Optional[dict]:
     pp = request.planned_stages(run)
     if len(layers) < pp or shared_on_one_stage(layers):
         return None
-    scale, scaled_overheads = run.time_scale, run.scaled_overheads
-    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * scale) for row in layers]
+    scaled_overheads = run.scaled_overheads
+    costs = [LayerCost(row["index"], row["type"], row["stage"], layer_seconds(row) * run.stage_scale(row["stage"]))
+             for row in layers]
     current = run.ran_stage_s
     peak = peak_of(run.memory, pp, micro_batches, run.schedule)
     limit, source = request.limit, request.limit_source

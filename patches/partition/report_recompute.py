@@ -65,10 +65,11 @@ def recompute_options(run: MeasuredRun, pp: int) -> Optional[StageOptions]:
         positions[-1] = replace(positions[-1], holds_the_loss=True)
     except ValueError:
         return None
-    rows, scale = sorted(layers, key=lambda row: row["index"]), run.time_scale
-    table = [RecomputableLayer(row["index"], *(seconds * scale for seconds in _both_ways_s(row)), recomputable,
-                               row["state_bytes"], row["kept_whole_bytes"], row["kept_as_checkpoint_bytes"],
-                               row.get("largest_param_bytes") or 0)
+    rows = sorted(layers, key=lambda row: row["index"])
+    table = [RecomputableLayer(row["index"],
+                               *(seconds * run.stage_scale(row["stage"]) for seconds in _both_ways_s(row)),
+                               recomputable, row["state_bytes"], row["kept_whole_bytes"],
+                               row["kept_as_checkpoint_bytes"], row.get("largest_param_bytes") or 0)
              for row, recomputable in zip(rows, recomputable_rows(rows))]
     return StageOptions(table, positions, overheads_for(run.scaled_overheads, pp))
 

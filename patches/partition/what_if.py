@@ -68,7 +68,7 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
     if not plan or not rows:
         return None
     run = MeasuredRun.of_report(report)
-    scale, overheads = run.time_scale, run.scaled_overheads
+    overheads = run.scaled_overheads
     rows = sorted(rows, key=lambda row: row["index"])
     options = recompute_options(run, len(run.parts) - 1)
     memory_rows = {layer.index: layer for layer in run.memory[0]} if run.memory is not None else {}
@@ -77,7 +77,8 @@ def what_if_model(report: dict) -> Optional[WhatIfModel]:
         kept = memory_rows.get(row["index"])
         both = options.layers[position] if options is not None else None
         layers.append(WhatIfLayer(
-            row["index"], row["type"], layer_seconds(row) * scale, kept.state_bytes if kept else None,
+            row["index"], row["type"], layer_seconds(row) * run.stage_scale(row["stage"]),
+            kept.state_bytes if kept else None,
             kept.activation_bytes if kept else None, both.seconds if both else None,
             both.recompute_s if both else None, both.recomputable if both else None,
             both.whole_bytes if both else None, both.checkpoint_bytes if both else None,

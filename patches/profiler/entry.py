@@ -36,6 +36,8 @@ class RankEntry:
     cpus: list = field(default_factory=list)
     threads: int = 1
     host_ranks: Optional[int] = None
+    # its speed with every rank computing over its speed alone (host_contention.py); None: not measured
+    together_rate: Optional[float] = None
 
     def as_dict(self) -> dict:
         return asdict(self)

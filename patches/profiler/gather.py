@@ -2,6 +2,7 @@
 
 The report describes one data-parallel replica (dp rank 0) in full and every replica by a few
 timings (the straggler view), so only replica 0's entries travel:
+0. on a CPU, every rank measures how much the ranks slow each other computing at once (host_contention.py);
 1. replica 0's ranks align their clocks to global rank 0's (pp x tp ping rounds; no other rank's
    events are placed on a time line);
 2. each replica-0 stage's tensor ranks gather their entries to its tp rank 0 (tensor group);
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from patches.profiler.context import IterationTiming, ReportContext
 from patches.profiler.entry import RankEntry
+from patches.profiler.host_contention import together_rate
 from patches.profiler.layout import EngineLayout
 from patches.profiler.report import build_report
 from patches.profiler.stragglers import SAMPLE_BYTES, RankSample, error_summary
@@ -123,6 +125,8 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, entry: Union[RankE
     context; every rank returns that report (or raises the failure, naming the rank)."""
     rank = dist.get_rank()
     offset, error = 0.0, 0.0
+    # CPU ranks slow each other when they compute at once: measured by every rank alike (the device is the same)
+    rate = together_rate(groups.world) if context.device_name == "cpu" else None
     if layout.in_replica:
         offset, error = measure_clock_offset(group=groups.world, ranks=list(layout.replica_ranks))
     failure, payload = None, None
@@ -131,6 +135,7 @@ def gather_report(layout: EngineLayout, groups: ReportGroups, entry: Union[RankE
     else:
         try:
             entry.clock_offset_s, entry.clock_error_s = offset, error
+            entry.together_rate = rate
             payload = entry.as_dict()
             sample = RankSample.from_entry(payload)
         except Exception as e:

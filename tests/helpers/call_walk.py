@@ -70,9 +70,9 @@ PARTS = (
         "module_profiler", "module_tree", "module_hooks", "flop_counting", "flop_formulas", "module_flops",
         "phase_stack", "phases", "gc_pauses", "where_it_ran")),
     Part("the report", _profiler("sources", "local_sources", "printer", "files"), _profiler(
-        "gather", "context", "report", "tree_merge", "trace", "entry", "notes", "peaks", "store_exchange",
-        "stragglers", "memory_report", "report_stages", "report_timing", "report_replica", "printed_stages",
-        "printed_modules", "shared_cpus")),
+        "gather", "host_contention", "context", "report", "tree_merge", "trace", "entry", "notes", "peaks",
+        "store_exchange", "stragglers", "memory_report", "report_stages", "report_timing", "report_replica",
+        "printed_stages", "printed_modules", "shared_cpus")),
     Part("the schedule", _profiler("one_step"), _profiler("iteration_clock")),
     Part("the user's profiler", _profiler("api", "user_code_profiler", "pipeline_profiler"), ()),
 )
