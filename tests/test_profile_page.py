@@ -54,6 +54,11 @@ PREDICT_BOTH = """choices => { const p = window.profilePage, model = p.pages[0].
                                              p.predictWhatIf(model, parts, counts)]); }"""
 
 
+# one choice's what-if lines (megatron-plan-partition's), by the page's own script
+WHAT_IF_LINES = """([parts, counts]) => { const p = window.profilePage, model = p.pages[0].what_if;
+    return p.whatIfLines(model, p.predictWhatIf(model, parts, counts), null); }"""
+
+
 def page_of(report, tmp_path):
     """The page of this report, written beside it in tmp_path."""
     path = tmp_path / "flops_profile_step2.json"
@@ -140,9 +145,7 @@ def test_the_what_if_takes_the_floor_of_cpus_the_ranks_shared(chromium, report, 
     choices = random_choices(shared, 12, seed=2)
     with opened(chromium, page_of(shared, tmp_path)) as page:
         computed = page.page.evaluate(PREDICT_BOTH, choices)
-        lines = page.page.evaluate("""([parts, counts]) => { const p = window.profilePage, model = p.pages[0].what_if;
-                                      return p.whatIfLines(model, p.predictWhatIf(model, parts, counts), null); }""",
-                                   choices[0])
+        lines = page.page.evaluate(WHAT_IF_LINES, choices[0])
         assert page.console_errors == []
     # the floor said in the words of the plan's line: the ranks, their threads, the CPUs, the share they ran
     assert lines[-1] == ("4 ranks of 1 thread on 1 CPUs ran 75% of their compute time, waiting for a core the rest: "
@@ -165,9 +168,7 @@ def test_the_what_if_takes_cpus_that_slowed_each_other(chromium, report, tmp_pat
     choices = random_choices(slowed, 12, seed=5)
     with opened(chromium, page_of(slowed, tmp_path)) as page:
         computed = page.page.evaluate(PREDICT_BOTH, choices)
-        lines = page.page.evaluate("""([parts, counts]) => { const p = window.profilePage, model = p.pages[0].what_if;
-                                      return p.whatIfLines(model, p.predictWhatIf(model, parts, counts), null); }""",
-                                   choices[0])
+        lines = page.page.evaluate(WHAT_IF_LINES, choices[0])
         assert page.console_errors == []
     assert lines[-1].startswith("4 ranks of 1 thread on 4 CPUs did 80% of their compute time's work at full speed: "
                                 "each ran 0.55x its speed alone while all computed (measured)")

@@ -12,8 +12,8 @@ Every rank of the group takes a turn running a fixed matrix-product loop on one 
 barrier (alone), then all run it at once (together), ROUNDS times; a rank's rate is its median time alone over its
 median time together. Collective over the group: every rank enters it, or none (a CPU run of at most MAX_RANKS
 ranks; the caller decides from what every rank knows alike). About ROUNDS x (ranks + ranks x slowdown) x the loop's
-time: 1 to 2 s at 2 ranks on this project's 2-CPU test machines, twice that at 4, spent once, after the measured
-iterations, when the report is gathered.
+time: 0.5 to 1.5 s at 2 ranks on this project's 2-CPU test machines, about twice that at 4, spent once, after the
+measured iterations, when the report is gathered.
 """
 import statistics
 import time
@@ -22,8 +22,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-ROUNDS = 5  # the machine's other tenants come and go: a rate from a second or two of products, not a moment
-PRODUCTS = 100  # of SIZE x SIZE float matrices: 45 to 100 ms alone on one thread of this project's test machines
+ROUNDS = 3  # the machine's other tenants come and go: a rate from a second of products, not a moment
+PRODUCTS = 80  # of SIZE x SIZE float matrices: 35 to 80 ms alone on one thread of this project's test machines
 SIZE = 256
 MAX_RANKS = 64  # above this the turns alone would take seconds: not measured
 
