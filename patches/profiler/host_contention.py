@@ -3,7 +3,7 @@ relative to its speed alone, measured once when the report is gathered (RankEntr
 
 Two ranks on two CPUs need not run as fast together as apart: the CPUs may be two threads of one core, share a
 memory bus and a cache, or be a virtual machine's, whose host runs more than them (on the 2-CPU machines this
-project is tested on, each of two ranks ran a matrix product 0.37x to 0.72x as fast while the other ran one too,
+project is tested on, each of two ranks ran a matrix product 0.37x to 0.75x as fast while the other ran one too,
 now and then as fast, as the host's other tenants came and went). A stage's measured time then depends on what the
 other stages did meanwhile, and a cut that keeps the stages busy at the same time slows each of them. The plan runs
 the schedule with that rate (partition/shared_schedule.py).
