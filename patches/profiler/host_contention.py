@@ -12,8 +12,8 @@ Every rank of the group takes a turn running a fixed matrix-product loop on one 
 barrier (alone), then all run it at once (together), ROUNDS times; a rank's rate is its median time alone over its
 median time together. Collective over the group: every rank enters it, or none (a CPU run of at most MAX_RANKS
 ranks; the caller decides from what every rank knows alike). About ROUNDS x (ranks + ranks x slowdown) x the loop's
-time: 0.5 to 1.5 s at 2 ranks on this project's 2-CPU test machines, about twice that at 4, spent once, after the
-measured iterations, when the report is gathered.
+time: 0.5 to 0.6 s at 2 ranks and 1.1 to 1.2 s at 4 on this project's 2-CPU test machines (busy with another
+job), spent once, after the measured iterations, when the report is gathered.
 """
 import statistics
 import time
